@@ -1,0 +1,1 @@
+"""billing package."""

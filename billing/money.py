@@ -1,0 +1,132 @@
+"""Money in exact minor units (ISO 4217), and the renewal credit.
+
+Money is a Decimal or an integer count of minor units, never a float.  Every function here
+is exact: results never depend on the ambient ``decimal`` context.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+__all__ = [
+    "CURRENCY_EXPONENTS",
+    "credit_minor_units",
+    "format_minor",
+    "from_minor_units",
+    "minor_unit_exponent",
+    "to_minor_units",
+]
+
+# ISO 4217 minor-unit exponents (list one, as published by the maintenance agency).
+# Codes whose minor unit is "N.A." (precious metals, XDR, testing codes) are left out
+# on purpose: they cannot be priced in minor units.
+_EXPONENT_0 = "BIF CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX UYI VND VUV XAF XOF XPF"
+_EXPONENT_3 = "BHD IQD JOD KWD LYD OMR TND"
+_EXPONENT_4 = "CLF UYW"
+_EXPONENT_2 = (
+    "AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BMD BND BOB BOV BRL BSD "
+    "BTN BWP BYN BZD CAD CDF CHE CHF CHW CNY COP COU CRC CUC CUP CVE CZK DKK DOP DZD "
+    "EGP ERN ETB EUR FJD FKP GBP GEL GHS GIP GMD GTQ GYD HKD HNL HRK HTG HUF IDR ILS "
+    "INR IRR JMD KES KGS KHR KPW KYD KZT LAK LBP LKR LRD LSL MAD MDL MGA MKD MMK MNT "
+    "MOP MRU MUR MVR MWK MXN MXV MYR MZN NAD NGN NIO NOK NPR NZD PAB PEN PGK PHP PKR "
+    "PLN QAR RON RSD RUB SAR SBD SCR SDG SEK SGD SHP SLE SLL SOS SRD SSP STN SVC SYP "
+    "SZL THB TJS TMT TOP TRY TTD TWD TZS UAH USD USN UYU UZS VED VES WST XCD XCG YER "
+    "ZAR ZMW ZWG ZWL"
+)
+
+CURRENCY_EXPONENTS: dict[str, int] = {
+    **{code: 2 for code in _EXPONENT_2.split()},
+    **{code: 0 for code in _EXPONENT_0.split()},
+    **{code: 3 for code in _EXPONENT_3.split()},
+    **{code: 4 for code in _EXPONENT_4.split()},
+}
+
+
+def minor_unit_exponent(currency: str) -> int:
+    """Return the ISO 4217 minor-unit exponent of ``currency`` (JPY 0, USD 2, KWD 3, CLF 4).
+
+    Codes are matched exactly (three upper-case letters).  Raises ValueError for an
+    unknown code, a lower-case code or a non-string.
+    """
+    if not isinstance(currency, str):
+        raise ValueError(f"currency: expected an ISO 4217 code, got {currency!r}")
+    try:
+        return CURRENCY_EXPONENTS[currency]
+    except KeyError:
+        raise ValueError(f"currency: unknown ISO 4217 currency code {currency!r}") from None
+
+
+def _as_decimal(name: str, value: object) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
+        raise ValueError(f"{name}: expected a Decimal (never a float), got {value!r}")
+    d = Decimal(value)
+    if not d.is_finite():
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    return d
+
+
+def to_minor_units(amount: Decimal, currency: str) -> int:
+    """Return ``amount`` as an exact integer count of ``currency``'s minor units.
+
+    ``Decimal("12.34")`` USD is 1234; ``Decimal("100.00")`` JPY is 100.  Raises ValueError
+    when the value has more precision than the currency allows (``"1.5"`` JPY,
+    ``"0.001"`` USD), for floats, non-finite values and unknown currencies.  Negative
+    amounts are allowed and give negative counts.
+    """
+    d = _as_decimal("amount", amount)
+    exponent = minor_unit_exponent(currency)
+    scaled = Fraction(d) * 10**exponent
+    if scaled.denominator != 1:
+        raise ValueError(
+            f"amount: {d} has more precision than {currency} allows ({exponent} decimal place(s))"
+        )
+    return scaled.numerator
+
+
+def from_minor_units(minor: int, currency: str) -> Decimal:
+    """Return the Decimal amount of ``minor`` units, at exactly the currency's exponent.
+
+    ``from_minor_units(1234, "USD") == Decimal("12.34")`` with exponent -2.  Raises
+    ValueError for a non-integer ``minor`` or an unknown currency.
+    """
+    if isinstance(minor, bool) or not isinstance(minor, int):
+        raise ValueError(f"minor: expected an integer count of minor units, got {minor!r}")
+    exponent = minor_unit_exponent(currency)
+    sign = 1 if minor < 0 else 0
+    digits = tuple(int(c) for c in str(abs(minor)))
+    return Decimal((sign, digits, -exponent))
+
+
+def format_minor(minor: int, currency: str) -> str:
+    """Return ``minor`` units as a plain decimal string at the currency's exponent.
+
+    ``format_minor(25000001, "USD") == "250000.01"``; ``format_minor(5, "KWD") == "0.005"``;
+    ``format_minor(-5, "USD") == "-0.05"``; ``format_minor(7, "JPY") == "7"``.  No
+    grouping, no symbol, no exponent notation.  Raises ValueError like
+    :func:`from_minor_units`.
+    """
+    return format(from_minor_units(minor, currency), "f")
+
+
+def credit_minor_units(base: Decimal, percent: Decimal, currency: str) -> int:
+    """Return the credit ``base * percent / 100`` in minor units, rounded half-up.
+
+    Exact: the product is computed as a rational number and rounded once, half away from
+    zero, to the currency's minor unit (1,000,000.02 USD at 25% = 250,000.005 ->
+    25000001 cents).  ``base`` must be >= 0 and expressible in the currency (no more
+    decimals than its exponent); ``percent`` must satisfy ``0 < percent <= 100``.
+    Raises ValueError otherwise, and for floats or unknown currencies.
+    """
+    b = _as_decimal("base", base)
+    p = _as_decimal("percent", percent)
+    if b < 0:
+        raise ValueError(f"base: must be >= 0, got {b}")
+    if not (0 < p <= 100):
+        raise ValueError(f"percent: must satisfy 0 < percent <= 100, got {p}")
+    to_minor_units(b, currency)  # refuses a base finer than the currency's minor unit
+    exponent = minor_unit_exponent(currency)
+    exact = Fraction(b) * Fraction(p) * 10**exponent / 100
+    # Half-up on a non-negative value: floor(x + 1/2).
+    return math.floor(exact + Fraction(1, 2))

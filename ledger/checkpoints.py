@@ -1,0 +1,101 @@
+"""Signed tree heads: sign a log's (size, root) as a C2SP checkpoint note and store it.
+
+A new head is signed only when it is consistent with the last one signed for
+the same log: the stored tree must reproduce the old root at the old size, and
+a consistency proof between the two must verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ledger import merkle, note, tree
+from ledger.errors import CheckpointRefused
+from ledger.models import Checkpoint, LedgerLog
+
+
+@dataclass(frozen=True, slots=True)
+class SignedHead:
+    """A stored checkpoint: which log, its size and root, and the signed note."""
+
+    log_id: str
+    tree_size: int
+    root_hash: bytes
+    note: str
+    signed_at: datetime | None
+    created: bool
+
+
+def origin_of(prefix: str, log_id: str) -> str:
+    """The checkpoint origin line of a contract's log."""
+    return f"{prefix}/{log_id}"
+
+
+def latest(session: Session, log_id: str) -> Checkpoint | None:
+    """The latest signed checkpoint of ``log_id``, if any."""
+    return session.execute(
+        select(Checkpoint)
+        .where(Checkpoint.log_id == log_id)
+        .order_by(Checkpoint.tree_size.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def covering(session: Session, log_id: str, seq: int) -> Checkpoint | None:
+    """The latest checkpoint of ``log_id`` whose tree contains entry ``seq``."""
+    cp = latest(session, log_id)
+    if cp is None or cp.tree_size <= seq:
+        return None
+    return cp
+
+
+def sign_log(session: Session, signer: note.Signer, log_id: str, origin_prefix: str) -> SignedHead:
+    """Sign the current head of ``log_id`` (no-op returning the last head if it has not grown)."""
+    size = session.execute(
+        select(LedgerLog.size).where(LedgerLog.log_id == log_id).with_for_update()
+    ).scalar_one_or_none()
+    if size is None:
+        raise CheckpointRefused(f"no log named {log_id!r}")
+    last = latest(session, log_id)
+    if last is not None and last.tree_size == size:
+        return SignedHead(
+            log_id, last.tree_size, bytes(last.root_hash), last.note, last.signed_at, False
+        )
+    if size == 0:
+        raise CheckpointRefused(f"log {log_id!r} is empty: nothing to sign")
+    new_root = tree.root(session, log_id, size)
+    if last is not None:
+        old_root = tree.root(session, log_id, last.tree_size)
+        if old_root != bytes(last.root_hash):
+            raise CheckpointRefused(
+                f"log {log_id!r}: the stored tree no longer has root "
+                f"{bytes(last.root_hash).hex()} at size {last.tree_size} (signed earlier); "
+                "refusing to sign a head that is not consistent with it — run `yoco ledger verify`"
+            )
+        proof = tree.consistency_proof(session, log_id, last.tree_size, size)
+        merkle.verify_consistency(last.tree_size, size, proof, bytes(last.root_hash), new_root)
+    origin = origin_of(origin_prefix, log_id)
+    text = note.sign_checkpoint(signer, origin, size, new_root)
+    row = Checkpoint(
+        log_id=log_id,
+        tree_size=size,
+        root_hash=new_root,
+        origin=origin,
+        key_id=signer.verifier_text(),
+        note=text,
+    )
+    session.add(row)
+    session.flush()
+    return SignedHead(log_id, size, new_root, text, row.signed_at, True)
+
+
+def sign_all(session: Session, signer: note.Signer, origin_prefix: str) -> list[SignedHead]:
+    """Sign a new head for every log that grew since its last checkpoint."""
+    log_ids = session.execute(
+        select(LedgerLog.log_id).where(LedgerLog.size > 0).order_by(LedgerLog.log_id)
+    ).scalars()
+    return [sign_log(session, signer, log_id, origin_prefix) for log_id in list(log_ids)]

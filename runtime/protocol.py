@@ -1,0 +1,100 @@
+"""The store protocol between the supervisor and its workers (keys and plans).
+
+The supervisor owns a ``TCPStore``. Membership changes are *generations*: the
+supervisor writes ``g{n}/plan`` and then sets ``gen`` to ``n``; workers watch ``gen``.
+Each generation's process group lives under its own prefix ``g{n}/pg/``, so a group
+abandoned with a collective still pending can never be confused with the new one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Environment variables the supervisor sets for each worker process.
+ENV_STORE = "YOCO_STORE"  # host:port of the supervisor's TCPStore
+ENV_SLOT = "YOCO_SLOT"  # this process's worker name (w0, w1, ...)
+ENV_RUN_DIR = "YOCO_RUN_DIR"
+ENV_FAULTS = "YOCO_FAULTS"
+ENV_CKPT_EVERY = "YOCO_CHECKPOINT_EVERY"
+ENV_CKPT_DIR = "YOCO_CHECKPOINT_DIR"
+ENV_SIGNAL_FILE = "YOCO_SIGNAL_FILE"
+ENV_CONTROL_DIR = "YOCO_CONTROL_DIR"
+ENV_DEVICE = "YOCO_DEVICE"  # "cpu" or "cuda:N"
+
+KEY_GEN = "gen"
+KEY_PROGRESS = "progress"  # JSON {step, step_seconds, t, gen} from rank 0 after each commit
+KEY_CKPT = "ckpt"  # JSON {step, path}: the newest durable checkpoint
+KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
+KEY_SHUTDOWN = "shutdown"  # spares exit when set
+KEY_FAULTS = "faults"  # counter of fault reports
+
+
+def plan_key(gen: int) -> str:
+    """Key of generation ``gen``'s plan."""
+    return f"g{gen}/plan"
+
+
+def ready_key(gen: int) -> str:
+    """Key rank 0 sets after the first completed step of generation ``gen``."""
+    return f"g{gen}/ready"
+
+
+def skeleton_key(gen: int, src: int) -> str:
+    """Key under which source rank ``src`` publishes its state skeleton in ``gen``."""
+    return f"g{gen}/skel/{src}"
+
+
+def fault_key(slot: str) -> str:
+    """Key of the latest fault report of worker ``slot``."""
+    return f"fault/{slot}"
+
+
+def left_key(slot: str) -> str:
+    """Key a worker sets before it leaves on purpose (moved off, or donor done)."""
+    return f"left/{slot}"
+
+
+def waiting_key(slot: str) -> str:
+    """Key a process sets once it has built its model and waits to be called in."""
+    return f"waiting/{slot}"
+
+
+MODES = ("start", "live", "move", "rollback", "resume")
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    """Generation ``gen``: ``members`` in rank order and how they get the state.
+
+    * ``start``: rank 0's initial state is copied to every other rank;
+    * ``live`` / ``move``: the ranks holding the highest committed step send it to the
+      others (``donors`` are leaving workers that only send);
+    * ``rollback`` / ``resume``: everyone loads ``ckpt``.
+    """
+
+    gen: int
+    mode: str
+    members: list[str]
+    donors: list[str] = field(default_factory=list)
+    ckpt: str | None = None
+    ckpt_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown plan mode {self.mode!r}")
+        if not self.members:
+            raise ValueError("a plan needs members")
+        if self.mode in ("rollback", "resume") and not self.ckpt:
+            raise ValueError("a rollback plan needs a checkpoint")
+
+    def encode(self) -> str:
+        """Return the plan as JSON."""
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def decode(raw: bytes | str) -> Plan:
+        """Parse a plan written by :meth:`encode`."""
+        data: dict[str, Any] = json.loads(raw)
+        return Plan(**data)

@@ -1,0 +1,146 @@
+"""Where records go after the outbox: the :class:`RecordSink` protocol and two sinks.
+
+The runtime never imports the ledger. The ledger (``ledger.sink.LedgerSink``) implements
+:class:`RecordSink`; the composition root hands the supervisor a :class:`SinkSpec` (a
+dotted path and keyword arguments, so it pickles and can be built inside the supervisor
+process), and the supervisor builds the sink there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from runtime.errors import SinkError, SinkSpecError
+
+
+@runtime_checkable
+class RecordSink(Protocol):
+    """A durable, idempotent destination for ingestion records.
+
+    ``deliver`` returns only once every record in ``records`` is durably acknowledged and
+    raises on any failure (the caller retries the whole batch). It must be idempotent:
+    delivering a record whose ``event_id`` is already stored is a no-op, because the
+    outbox delivers at least once and relies on the sink for "exactly once".
+    """
+
+    def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Durably store ``records`` (idempotent by ``event_id``) or raise."""
+        ...
+
+
+class JsonlFileSink:
+    """Appends records to a JSONL file with fsync, storing each ``event_id`` once.
+
+    For tests and demos. A record whose ``event_id`` is already in the file is skipped if
+    its content is identical and refused (:class:`SinkError`) if it differs, like the
+    ledger does.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._seen: dict[str, str] | None = None
+
+    def _load(self) -> dict[str, str]:
+        seen: dict[str, str] = {}
+        if self.path.exists():
+            with self.path.open("r", encoding="utf-8") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a torn tail from a crash mid-append; never acknowledged
+                    seen[rec["event_id"]] = _canon(rec)
+        return seen
+
+    def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append the records not yet in the file, fsync, then return."""
+        with self._lock:
+            if self._seen is None:
+                self._seen = self._load()
+            fresh: list[str] = []
+            for rec in records:
+                canon = _canon(rec)
+                prior = self._seen.get(str(rec["event_id"]))
+                if prior is None:
+                    fresh.append(canon)
+                    self._seen[str(rec["event_id"])] = canon
+                elif prior != canon:
+                    raise SinkError(f"event_id {rec['event_id']} already stored with other "
+                                    "content")
+            if not fresh:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # O_APPEND so that a crash never overwrites acknowledged lines.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, "".join(c + "\n" for c in fresh).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def read_all(self) -> list[dict[str, Any]]:
+        """Return every stored record, in file order (for tests and demos)."""
+        out: list[dict[str, Any]] = []
+        if self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out
+
+
+def _canon(rec: Mapping[str, Any]) -> str:
+    return json.dumps(dict(rec), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SinkSpec:
+    """A picklable recipe for a sink: ``target`` is ``"package.module:callable"``.
+
+    ``build()`` imports the callable and calls it with ``kwargs``; the result must
+    implement :class:`RecordSink`.
+    """
+
+    target: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if ":" not in self.target or self.target.startswith(":") or self.target.endswith(":"):
+            raise SinkSpecError(f"sink target must be 'module:callable', got {self.target!r}")
+
+    def build(self) -> RecordSink:
+        """Import and call the target; raise :class:`SinkSpecError` if that fails."""
+        module_name, _, attr = self.target.partition(":")
+        try:
+            factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise SinkSpecError(f"cannot import sink {self.target!r}: {exc}") from exc
+        sink = factory(**dict(self.kwargs))
+        if not isinstance(sink, RecordSink):
+            raise SinkSpecError(f"{self.target!r} built {type(sink).__name__}, which has no "
+                                "deliver(records) method")
+        return sink
+
+
+def parse_sink_spec(text: str, extra_kwargs: Mapping[str, str] | None = None) -> SinkSpec:
+    """Parse ``jsonl:PATH`` or ``module.path:callable`` (plus ``key=value`` kwargs).
+
+    ``jsonl:PATH`` is shorthand for :class:`JsonlFileSink` at PATH.
+    """
+    kwargs: dict[str, Any] = dict(extra_kwargs or {})
+    if text.startswith("jsonl:"):
+        path = text[len("jsonl:"):]
+        if not path:
+            raise SinkSpecError("jsonl sink needs a path: jsonl:PATH")
+        return SinkSpec(target="runtime.sink:JsonlFileSink", kwargs={"path": path, **kwargs})
+    return SinkSpec(target=text, kwargs=kwargs)

@@ -1,0 +1,1 @@
+"""yoco package."""

@@ -1,0 +1,80 @@
+"""The composition root's context: settings, the database, the signer, the projectors.
+
+Built lazily by the CLI and the web app; nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from yoco.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from ledger.note import Signer, Verifier
+    from ledger.projections import Projector
+    from yoco.database import Database
+
+
+class SchemaNotReady(RuntimeError):
+    """The database has not been migrated to the code's schema."""
+
+
+class App:
+    """Everything a command needs, created on first use."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+
+    @cached_property
+    def database(self) -> Database:
+        """The database in use (the embedded one is started here when needed)."""
+        from yoco.database import open_database
+
+        return open_database(self.settings)
+
+    @cached_property
+    def engine(self) -> Engine:
+        """An engine connected as the application role (INSERT/SELECT on the journal)."""
+        return self.database.engine()
+
+    def require_schema(self) -> None:
+        """Raise :class:`SchemaNotReady` unless the database is migrated to head."""
+        import migrations
+
+        head = migrations.head_revision()
+        try:
+            current = migrations.current(self.database.url)
+        except Exception as exc:  # connection problems surface with their own message
+            raise SchemaNotReady(f"cannot read the schema version: {exc}") from exc
+        if current != head:
+            raise SchemaNotReady(
+                f"the database schema is at {current or 'nothing'}, the code needs {head}: "
+                "run `yoco db upgrade` first"
+            )
+
+    @cached_property
+    def signer(self) -> Signer:
+        """The checkpoint signer; its key file is created (0600) on first use."""
+        from ledger.note import load_or_create_signer
+
+        return load_or_create_signer(self.settings.signer_key_file, self.settings.log_origin)
+
+    @property
+    def verifier(self) -> Verifier:
+        """The verifier of the checkpoint signer's key."""
+        from ledger.note import Verifier
+
+        return Verifier.from_text(self.signer.verifier_text())
+
+    @property
+    def projectors(self) -> list[Projector]:
+        """Projectors of entry kinds owned by packages above the ledger (billing)."""
+        return []
+
+    def close(self) -> None:
+        """Release connections (the embedded server stops when the process exits)."""
+        if "engine" in self.__dict__:
+            self.engine.dispose()

@@ -1,0 +1,501 @@
+"""The ``yoco`` command line: one command, ``--help`` on every level.
+
+Domain errors become a red message on stderr and an exit status: 2 for input
+that was refused (nothing written), 1 for a failed verification.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from yoco.app import App, SchemaNotReady
+
+app = typer.Typer(
+    name="yoco",
+    help=(
+        "yoco: training failures that cost no progress, and the ledger that proves it.\n\n"
+        "Without DATABASE_URL every command uses an embedded PostgreSQL under the data "
+        "directory (YOCO_DATA_DIR)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+db_app = typer.Typer(help="The database: which one is used, and its schema.", no_args_is_help=True)
+contracts_app = typer.Typer(help="Contracts and their guarantee terms.", no_args_is_help=True)
+ledger_app = typer.Typer(
+    help="The tamper-evident ledger: ingest, verify, sign, prove.", no_args_is_help=True
+)
+app.add_typer(db_app, name="db")
+app.add_typer(contracts_app, name="contracts")
+app.add_typer(ledger_app, name="ledger")
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` as an error and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def application(*, schema: bool = True) -> Iterator[App]:
+    """The composition root for one command; turns domain errors into exit codes."""
+    from ledger.errors import LedgerError, VerificationFailed
+    from yoco.database import DatabaseStartError
+
+    ctx = App()
+    try:
+        if schema:
+            ctx.require_schema()
+        yield ctx
+    except VerificationFailed as exc:
+        fail(str(exc), 1)
+    except (LedgerError, SchemaNotReady, DatabaseStartError, ValueError) as exc:
+        fail(str(exc))
+    finally:
+        ctx.close()
+
+
+def _unit(ctx: App, fn: Callable[[Any], T]) -> T:
+    from yoco.database import unit_of_work
+
+    with unit_of_work(ctx.engine) as session:
+        return fn(session)
+
+
+def _print_record_errors(errors: list[Any], limit: int = 50) -> None:
+    for e in errors[:limit]:
+        err.print(f"  {e}", highlight=False, soft_wrap=True)
+    if len(errors) > limit:
+        err.print(f"  … and {len(errors) - limit} more")
+
+
+# --- db -----------------------------------------------------------------------------
+
+
+@db_app.command("url")
+def db_url() -> None:
+    """Print the database URL in use (password hidden); starts the embedded server if needed."""
+    from yoco.database import redact
+
+    with application(schema=False) as ctx:
+        out.print(redact(ctx.database.url), highlight=False, soft_wrap=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Apply the schema migrations (starts the embedded PostgreSQL when DATABASE_URL is unset)."""
+    import migrations
+
+    with application(schema=False) as ctx:
+        before = migrations.current(ctx.database.url)
+        migrations.upgrade(ctx.database.url, revision)
+        after = migrations.current(ctx.database.url)
+        out.print(f"schema: {before or 'empty'} → {after}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision ('base' empties the schema).")],
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm that data will be dropped.")] = False,
+) -> None:
+    """Revert migrations down to REVISION. Drops tables: the ledger is lost below its revision."""
+    import migrations
+
+    if not yes:
+        fail("downgrading drops tables and their data; pass --yes to confirm")
+    with application(schema=False) as ctx:
+        migrations.downgrade(ctx.database.url, revision)
+        out.print(f"schema: {migrations.current(ctx.database.url) or 'empty'}")
+
+
+# --- contracts ------------------------------------------------------------------------
+
+
+@contracts_app.command("add")
+def contracts_add(
+    contract_id: Annotated[str, typer.Option("--id", help="Contract id, e.g. C-2026-001.")],
+    customer: Annotated[str, typer.Option(help="Customer id or name.")],
+    start: Annotated[str, typer.Option(help="Start date, YYYY-MM-DD.")],
+    currency: Annotated[str, typer.Option(help="ISO 4217 code, e.g. USD.")],
+    annual_value: Annotated[str, typer.Option(help="Annual value, a decimal string.")],
+    timezone: Annotated[str, typer.Option(help="IANA time zone of contract years.")] = "UTC",
+    term_years: Annotated[int, typer.Option(help="Length of the term in years.")] = 1,
+    renewal_value: Annotated[
+        str | None, typer.Option(help="Base of a credit (default: the annual value).")
+    ] = None,
+    gpu_hour_price: Annotated[
+        str | None, typer.Option(help="Price of a GPU-hour, for the cost of lost hours.")
+    ] = None,
+    threshold_percent: Annotated[
+        str | None, typer.Option(help="Guaranteed resolution rate, percent (default 90).")
+    ] = None,
+    credit_percent: Annotated[
+        str | None, typer.Option(help="Credit when missed, percent of the base (default 25).")
+    ] = None,
+    covered_class: Annotated[
+        list[str] | None,
+        typer.Option(help="A covered failure class (repeat; default unplanned, preemptive)."),
+    ] = None,
+    excluded_cause: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An excluded cause (repeat; default network_wide_outage, "
+            "facility_power, customer_code)."
+        ),
+    ] = None,
+) -> None:
+    """Create one contract (recorded in the ledger as the first entry of its log)."""
+    from ledger.records import parse_contracts
+
+    obj: dict[str, Any] = {
+        "contract_id": contract_id,
+        "customer": customer,
+        "start_date": start,
+        "timezone": timezone,
+        "term_years": term_years,
+        "currency": currency,
+        "annual_value": annual_value,
+    }
+    if renewal_value is not None:
+        obj["renewal_value"] = renewal_value
+    if gpu_hour_price is not None:
+        obj["gpu_hour_price"] = gpu_hour_price
+    terms: dict[str, Any] = {}
+    if threshold_percent is not None:
+        terms["threshold_percent"] = threshold_percent
+    if credit_percent is not None:
+        terms["credit_percent"] = credit_percent
+    if covered_class:
+        terms["covered_classes"] = covered_class
+    if excluded_cause:
+        terms["excluded_causes"] = excluded_cause
+    if terms:
+        obj["terms"] = terms
+    specs, errors = parse_contracts(json.dumps([obj]).encode())
+    if errors:
+        err.print("[bold red]error:[/] contract refused, nothing written:")
+        _print_record_errors(errors)
+        raise typer.Exit(2)
+    _add_specs(specs, None)
+
+
+def _add_specs(specs: list[Any], where: list[str] | None) -> None:
+    from ledger.contracts import add_contracts
+    from ledger.errors import IngestRefused
+
+    with application() as ctx:
+        try:
+            result = _unit(ctx, lambda s: add_contracts(s, specs, where))
+        except IngestRefused as exc:
+            err.print("[bold red]error:[/] contracts refused, nothing written:")
+            _print_record_errors(exc.errors)
+            raise typer.Exit(2) from None
+    for cid in result.created:
+        out.print(f"created contract {cid}", highlight=False)
+    for cid in result.unchanged:
+        out.print(f"contract {cid} already recorded, unchanged", highlight=False)
+
+
+@contracts_app.command("import")
+def contracts_import(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="A JSON array of contracts, or one JSON object per line.",
+        ),
+    ],
+) -> None:
+    """Create contracts from FILE; all or nothing."""
+    from ledger.records import parse_contracts
+
+    specs, errors = parse_contracts(file.read_bytes())
+    if errors:
+        err.print(f"[bold red]error:[/] {file}: contracts refused, nothing written:")
+        _print_record_errors(errors)
+        raise typer.Exit(2)
+    _add_specs(specs, [f"contract {s.contract_id!r}" for s in specs])
+
+
+@contracts_app.command("list")
+def contracts_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List contracts."""
+    from rich.table import Table
+
+    from ledger.contracts import list_contracts
+
+    with application() as ctx:
+        rows = _unit(ctx, list_contracts)
+        if as_json:
+            print(
+                json.dumps(
+                    [
+                        {
+                            "contract_id": r.contract_id,
+                            "customer": r.customer,
+                            "start_date": r.start_date.isoformat(),
+                            "timezone": r.timezone,
+                            "term_years": r.term_years,
+                            "currency": r.currency,
+                            "annual_value": str(r.annual_value),
+                        }
+                        for r in rows
+                    ],
+                    indent=2,
+                )
+            )
+            return
+        table = Table("contract", "customer", "start", "tz", "years", "currency", "annual value")
+        for r in rows:
+            table.add_row(
+                r.contract_id,
+                r.customer,
+                r.start_date.isoformat(),
+                r.timezone,
+                str(r.term_years),
+                r.currency,
+                str(r.annual_value),
+            )
+        out.print(table)
+
+
+# --- ledger ---------------------------------------------------------------------------
+
+
+@ledger_app.command("ingest")
+def ledger_ingest(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="Records, one JSON object per line (see the README).",
+        ),
+    ],
+) -> None:
+    """Append the records of FILE to the ledger: idempotent, and all or nothing per file.
+
+    A record whose event_id is already stored with the same content is skipped;
+    any refused record (named by line and field) means nothing is written.
+    """
+    from ledger.errors import IngestRefused
+    from ledger.ingest import ingest, line_locator
+    from ledger.records import parse_jsonl
+
+    records, errors = parse_jsonl(file.read_bytes())
+    if errors:
+        err.print(f"[bold red]error:[/] {file}: {len(errors)} record(s) refused, nothing written:")
+        _print_record_errors(errors)
+        raise typer.Exit(2)
+    with application() as ctx:
+        try:
+            result = _unit(
+                ctx,
+                lambda s: ingest(
+                    s, records, line_locator([r.line for r in records]), ctx.projectors
+                ),
+            )
+        except IngestRefused as exc:
+            err.print(
+                f"[bold red]error:[/] {file}: {len(exc.errors)} record(s) refused, nothing written:"
+            )
+            _print_record_errors(exc.errors)
+            raise typer.Exit(2) from None
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(result.by_kind.items())) or "none"
+    out.print(
+        f"{file}: {result.appended} appended ({kinds}), {result.duplicates} already in the ledger",
+        highlight=False,
+    )
+
+
+@ledger_app.command("verify")
+def ledger_verify() -> None:
+    """Recompute every leaf hash, every Merkle node and every signed root.
+
+    Exits 1 naming the first bad entry when anything was edited.
+    """
+    from rich.progress import Progress
+
+    from ledger.verify import total_entries, verify_all
+
+    with application() as ctx:
+        verifier = ctx.verifier if ctx.settings.signer_key_file.exists() else None
+
+        def run(session: Any) -> Any:
+            total = total_entries(session)
+            with Progress(console=err, transient=True) as bar:
+                task = bar.add_task("verifying", total=total)
+                return verify_all(session, verifier, lambda n: bar.advance(task, n))
+
+        report = _unit(ctx, run)
+    out.print(
+        f"ledger verified: {report.logs} logs, {report.entries} entries, "
+        f"{report.nodes} Merkle nodes, {report.checkpoints} signed checkpoints — all match"
+    )
+    if verifier is None:
+        out.print("(no signer key here: checkpoint signatures were not checked)")
+
+
+@ledger_app.command("checkpoint")
+def ledger_checkpoint() -> None:
+    """Sign and store a new tree head for every log that grew since its last checkpoint."""
+    from ledger.checkpoints import sign_all
+
+    with application() as ctx:
+        heads = _unit(ctx, lambda s: sign_all(s, ctx.signer, ctx.settings.log_origin))
+    for h in heads:
+        state = "signed" if h.created else "unchanged"
+        out.print(
+            f"{state}: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}", highlight=False
+        )
+    if not heads:
+        out.print("nothing to sign: the ledger is empty")
+
+
+@ledger_app.command("prove")
+def ledger_prove(
+    event_id: Annotated[str, typer.Argument(help="The event id (UUID) of a ledger entry.")],
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write the proof here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print a self-contained inclusion proof (JSON) against the latest signed tree head."""
+    from ledger.services import inclusion_bundle
+
+    with application() as ctx:
+        bundle = _unit(ctx, lambda s: inclusion_bundle(s, event_id))
+    text = json.dumps(bundle, indent=2, ensure_ascii=False) + "\n"
+    if out_file:
+        out_file.write_text(text)
+        err.print(f"proof written to {out_file}")
+    else:
+        sys.stdout.write(text)
+
+
+@ledger_app.command("public-key")
+def ledger_public_key() -> None:
+    """Print the checkpoint signer's verifier key (C2SP note verifier key)."""
+    with application(schema=False) as ctx:
+        print(ctx.signer.verifier_text())
+
+
+@ledger_app.command("rebuild")
+def ledger_rebuild() -> None:
+    """Recreate every projection (failures, outcomes, jobs, …) from the journal alone."""
+    from ledger.projections import rebuild
+
+    with application() as ctx:
+        n = _unit(ctx, lambda s: rebuild(s, ctx.projectors))
+    out.print(f"projections rebuilt from {n} journal entries")
+
+
+@app.command("verify-proof")
+def verify_proof(
+    proof: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A proof JSON file.")],
+    public_key: Annotated[
+        str, typer.Option("--public-key", help="The verifier key text, or a file holding it.")
+    ],
+) -> None:
+    """Check a proof offline, with no database: signature, leaf hash and Merkle path."""
+    from ledger.proofs import verify_bundle
+
+    from ledger.canonical import parse_json_strict
+    from ledger.errors import LedgerError
+
+    key_path = Path(public_key)
+    key = key_path.read_text().strip() if key_path.is_file() else public_key.strip()
+    try:
+        bundle = parse_json_strict(proof.read_bytes())
+        verified = verify_bundle(bundle, key)
+    except (LedgerError, ValueError) as exc:
+        fail(f"proof does not verify: {exc}", 1)
+    out.print(f"proof verified: {verified}", highlight=False, soft_wrap=True)
+
+
+def _parse_month(month: str | None) -> tuple[int, int] | None:
+    if month is None:
+        return None
+    try:
+        d = date.fromisoformat(month + "-01")
+    except ValueError:
+        fail(f"--month must be YYYY-MM, got {month!r}")
+    return d.year, d.month
+
+
+@app.command("sla")
+def sla(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    year: Annotated[int | None, typer.Option(help="Contract year K (1 = the first).")] = None,
+    month: Annotated[str | None, typer.Option(help="A calendar month, YYYY-MM.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The SLA figures of a contract year (default: the current one) or a month."""
+    from billing.services import sla_figures
+    from yoco.render import print_sla
+
+    if year is not None and month is not None:
+        fail("give --year or --month, not both")
+    ym = _parse_month(month)
+    with application() as ctx:
+        report = _unit(ctx, lambda s: sla_figures(s, contract_id, year=year, month=ym))
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print_sla(out, report)
+
+
+@app.command("demo")
+def demo(
+    contracts: Annotated[int, typer.Option(help="Sample contracts to create.")] = 3,
+    records: Annotated[int, typer.Option(help="Simulated records to ingest.")] = 20000,
+    seed: Annotated[int, typer.Option(help="Seed of the simulated stream.")] = 7,
+) -> None:
+    """The whole story on one machine, on the embedded database (simulated events)."""
+    from yoco.demo import run_demo
+
+    with application(schema=False) as ctx:
+        run_demo(ctx, out, contracts=contracts, records=records, seed=seed)
+
+
+def _register_optional() -> None:
+    # Runtime commands need torch (the ``runtime`` extra); register them only when
+    # their module imports, so the ledger CLI works without torch.
+    try:
+        from yoco import cli_runtime
+    except ImportError:
+        return
+    register = getattr(cli_runtime, "register", None)
+    if register is not None:
+        register(app)
+
+
+def main() -> None:
+    """Entry point of the ``yoco`` console script."""
+    _register_optional()
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,69 @@
+"""Settings of the composition root, read lazily from the environment.
+
+Nothing is read at import time: :func:`get_settings` builds the one
+:class:`Settings` object on first use, so tests and the CLI can change the
+environment before anything looks at it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    # The embedded server opens every parent folder of its data dir to other
+    # users (o+rx) because it runs as a separate system user; a folder under the
+    # user's data directory keeps that to a predictable, documented place.
+    return Path(platformdirs.user_data_dir("yoco", appauthor=False))
+
+
+class Settings(BaseSettings):
+    """Where yoco keeps its state and which database it talks to."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
+
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="YOCO_DATA_DIR")
+    signing_key_path: Path | None = Field(default=None, validation_alias="YOCO_SIGNING_KEY")
+    log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("postgresql+psycopg://", "postgresql://", "postgres://")):
+            raise ValueError(
+                "DATABASE_URL must be a PostgreSQL URL such as "
+                "postgresql+psycopg://user:password@host:5432/dbname"
+            )
+        return normalize_url(value)
+
+    @property
+    def pgdata(self) -> Path:
+        """The folder of the embedded PostgreSQL cluster."""
+        return self.data_dir / "pgdata"
+
+    @property
+    def signer_key_file(self) -> Path:
+        """The Ed25519 checkpoint signer key file (outside the database)."""
+        return self.signing_key_path or (self.data_dir / "keys" / "checkpoint-signer.key")
+
+
+def normalize_url(url: str) -> str:
+    """Return ``url`` with the psycopg 3 driver named, as SQLAlchemy needs it."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Build (once) and return the process-wide settings."""
+    return Settings()
