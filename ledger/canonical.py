@@ -10,8 +10,9 @@ Every other number (a fraction or an exponent, even ``1.0`` or ``1e2``) comes ba
 ``float``; RFC 8785 writes a float in its shortest round-trip form, so ``1.0`` and ``1e2``
 are canonicalised as ``1`` and ``100``. Because of that, floats from 2**53 up to 1e21 in
 magnitude are refused too (``1e16`` would be canonicalised as the out-of-range integer
-``10000000000000000``): canonical bytes always parse back strictly to the same bytes. :func:`decimal_of` gives the exact decimal value of
-such a number, digit for digit the canonical text.
+``10000000000000000``): canonical bytes always parse back strictly to the same bytes.
+:func:`decimal_of` gives the exact decimal value of such a number, digit for digit the
+canonical text.
 """
 
 from __future__ import annotations

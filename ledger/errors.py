@@ -40,7 +40,7 @@ class IngestRefused(LedgerError):
     index) and field.
     """
 
-    def __init__(self, errors: list, what: str = "batch") -> None:  # type: ignore[type-arg]
+    def __init__(self, errors: list, what: str = "batch") -> None:
         self.errors = list(errors)
         first = "; ".join(str(e) for e in self.errors[:3])
         more = f" (and {len(self.errors) - 3} more)" if len(self.errors) > 3 else ""

@@ -21,9 +21,22 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from ledger import merkle, tree
+from ledger.bulk import copy_rows
 from ledger.models import JournalEntry, LedgerLog
 
 __all__ = ["JournalEntry", "NewEntry", "StoredEntry", "append_entries", "lock_logs"]
+
+
+JOURNAL_COLUMNS = (
+    "log_id",
+    "seq",
+    "event_id",
+    "kind",
+    "contract_id",
+    "occurred_at",
+    "canonical",
+    "leaf_hash",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,7 +126,7 @@ def append_entries(
         by_log[entry.contract_id].append(i)
 
     stored: list[StoredEntry | None] = [None] * len(entries)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     for log_id, positions in by_log.items():
         base = sizes[log_id]
         hashes: list[bytes] = []
@@ -129,18 +142,16 @@ def append_entries(
                 leaf_hash=leaf,
             )
             rows.append(
-                {
-                    "log_id": log_id,
-                    "seq": base + offset,
-                    "event_id": entry.event_id,
-                    "kind": entry.kind,
-                    "contract_id": entry.contract_id,
-                    "occurred_at": entry.occurred_at,
-                    "canonical": entry.canonical,
-                    "leaf_hash": leaf,
-                    # jsonb is only a queryable copy: the hash covers ``canonical``.
-                    "body": entry.body,
-                }
+                (
+                    log_id,
+                    base + offset,
+                    entry.event_id,
+                    entry.kind,
+                    entry.contract_id,
+                    entry.occurred_at,
+                    entry.canonical,
+                    leaf,
+                )
             )
         tree.append_leaves(session, log_id, base, hashes)
         sizes[log_id] = base + len(positions)
@@ -148,8 +159,7 @@ def append_entries(
             text("UPDATE ledger_logs SET size = :size WHERE log_id = :log_id"),
             {"size": sizes[log_id], "log_id": log_id},
         )
-    for start in range(0, len(rows), 2000):
-        session.execute(pg_insert(JournalEntry), rows[start : start + 2000])
+    copy_rows(session, "journal_entries", JOURNAL_COLUMNS, rows)
     result = [s for s in stored if s is not None]
     assert len(result) == len(entries)
     return result

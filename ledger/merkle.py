@@ -181,8 +181,9 @@ def frontier_coords(size: int) -> list[Coord]:
     ]
 
 
-root_coords = frontier_coords
-"""``root_coords(size)``: the nodes :func:`root_from_nodes` reads (the frontier)."""
+def root_coords(size: int) -> list[Coord]:
+    """Return the nodes :func:`root_from_nodes` reads for ``size``: the frontier, O(log n)."""
+    return frontier_coords(size)
 
 
 def range_coords(lo: int, hi: int) -> list[Coord]:
@@ -494,9 +495,9 @@ def verify_inclusion(
 ) -> None:
     """Check that ``leaf_hash`` is leaf ``leaf_index`` of the tree of ``tree_size`` with ``root``.
 
-    RFC 9162 §2.1.3.2, accepting exactly what transparency-dev/merkle accepts (plus: every
-    proof element must be 32 bytes). Returns ``None`` on success; raises
-    :class:`ProofError` naming the failure otherwise.
+    RFC 9162 §2.1.3.2; matches transparency-dev/merkle's ``VerifyInclusion`` on every
+    shared probe, and additionally requires every proof element to be 32 bytes. Returns
+    ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
     """
     calculated = root_from_inclusion_proof(leaf_index, tree_size, leaf_hash, proof)
     if calculated != root:
@@ -509,8 +510,9 @@ def verify_consistency(
     """Check that the tree (size2, root2) extends the tree (size1, root1).
 
     RFC 9162 §2.1.4.2. Equal sizes need an empty proof and equal roots. ``size1 == 0`` is
-    always rejected (a proof from the empty tree proves nothing). Returns ``None`` on
-    success; raises :class:`ProofError` naming the failure otherwise.
+    always rejected (a proof from the empty tree proves nothing; the shared probes require
+    this, unlike current transparency-dev/merkle). Proof elements must be 32 bytes.
+    Returns ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
     """
     for name, v in (("size1", size1), ("size2", size2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -19,14 +19,13 @@ from sqlalchemy import select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from ledger.bulk import copy_dicts
 from ledger.models import (
     PROJECTION_TABLES,
     Contract,
-    Exclusion,
     Failure,
     JobSpan,
     JournalEntry,
-    Outcome,
 )
 
 
@@ -261,9 +260,9 @@ def _project_failures(session: Session, entries: Sequence[ProjectedEntry]) -> li
     if errors:
         return errors
     if outcome_rows:
-        session.execute(pg_insert(Outcome), outcome_rows)
+        copy_dicts(session, "outcomes", outcome_rows)
     if exclusion_rows:
-        session.execute(pg_insert(Exclusion), exclusion_rows)
+        copy_dicts(session, "exclusions", exclusion_rows)
     return []
 
 

@@ -77,7 +77,7 @@ _NIL_UUID = "00000000-0000-0000-0000-000000000000"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TIMESTAMP = re.compile(
     r"(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})[Tt]"
-    r"(?P<h>[0-9]{2}):(?P<mi>[0-9]{2}):(?P<s>[0-9]{2})(?:\.(?P<frac>[0-9]{1,9}))?"
+    r"(?P<h>[0-9]{2}):(?P<mi>[0-9]{2}):(?P<s>[0-9]{2})(?:\.(?P<frac>[0-9]{1,6}))?"
     r"(?P<tz>[Zz]|(?P<sign>[+-])(?P<oh>[0-9]{2}):(?P<om>[0-9]{2}))?"
 )
 _DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
@@ -1016,14 +1016,15 @@ def validate_contract(
     return ContractSpec(**{k: v for k, v in values.items() if v is not None}), []
 
 
-def contract_from_record(record: Mapping[str, Any]) -> ContractSpec:
+def contract_from_record(record: object) -> ContractSpec:
     """Read a contract back from its journal form (``ContractSpec.to_record()``).
 
     Promises: ``contract_from_record(spec.to_record()) == spec``; any input accepted by
-    :func:`validate_contract` is accepted. Raises the first :class:`RecordError` found
-    (errors are chained in ``__notes__`` when there are several).
+    :func:`validate_contract` is accepted (any mapping; anything else is refused).
+    Raises the first :class:`RecordError` found, with the others added as notes
+    (``__notes__``).
     """
-    spec, errors = validate_contract(dict(record))
+    spec, errors = validate_contract(dict(record) if isinstance(record, Mapping) else record)
     if spec is None:
         first = errors[0]
         for other in errors[1:]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select, tuple_
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from ledger import merkle
+from ledger.bulk import copy_rows
 from ledger.models import MerkleNode
 
 
@@ -43,9 +43,12 @@ def append_leaves(
         return
     frontier = load_nodes(session, log_id, merkle.frontier_coords(old_size))
     nodes = merkle.appended_nodes(old_size, frontier, leaf_hashes)
-    rows = [{"log_id": log_id, "level": lv, "idx": ix, "hash": h} for lv, ix, h in nodes]
-    for start in range(0, len(rows), 5000):
-        session.execute(pg_insert(MerkleNode), rows[start : start + 5000])
+    copy_rows(
+        session,
+        "merkle_nodes",
+        ("log_id", "level", "idx", "hash"),
+        ((log_id, lv, ix, h) for lv, ix, h in nodes),
+    )
 
 
 def root(session: Session, log_id: str, size: int) -> bytes:

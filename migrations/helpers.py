@@ -71,3 +71,30 @@ def revoke_all(*tables: str) -> None:
     """Take the application role's rights on ``tables`` back (for downgrades)."""
     for table in tables:
         op.execute(f"REVOKE ALL ON {table} FROM {APP_ROLE}")
+
+
+def create_entry_json_function() -> None:
+    """``yoco_entry_json(bytea)``: an entry's canonical UTF-8 bytes as jsonb.
+
+    The journal's queryable ``body`` is a column GENERATED from the hashed bytes by
+    this function, so it can never say something the bytes do not.  ``convert_from``
+    is only STABLE (it depends on the database encoding), so the wrapper is declared
+    IMMUTABLE after checking that the encoding is UTF8, where the conversion is fixed.
+    """
+    op.execute(
+        """
+        DO $$
+        BEGIN
+            IF current_setting('server_encoding') <> 'UTF8' THEN
+                RAISE EXCEPTION 'yoco needs a UTF8 database (this one is %)',
+                    current_setting('server_encoding');
+            END IF;
+        END
+        $$
+        """
+    )
+    op.execute(
+        "CREATE OR REPLACE FUNCTION yoco_entry_json(data bytea) RETURNS jsonb "
+        "LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE "
+        "AS $$ SELECT convert_from(data, 'UTF8')::jsonb $$"
+    )

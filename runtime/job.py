@@ -296,13 +296,18 @@ class Job:
                 off = 0
                 for p in ps:
                     g = p.grad
-                    flat[off:off + p.numel()].copy_(g.reshape(-1) if g is not None else 0)
+                    if g is None:
+                        flat[off:off + p.numel()].zero_()
+                    else:
+                        flat[off:off + p.numel()].copy_(g.reshape(-1))
                     off += p.numel()
         self._flat[0][-1] = 1.0 if self._move_seen else 0.0
         works = [self._pg.allreduce([flat]) for flat in self._flat]
         for fault in self._faults:
             if fault.step == self.step and fault.rank == self.rank:
                 if fault.action == "kill" and self._fire(fault):
+                    assert self._store is not None
+                    self._store.set("killed_at", repr(time.time()))  # for the benchmark
                     os.kill(os.getpid(), signal.SIGKILL)
                 if fault.action == "raise" and self._fire(fault):
                     self._collective_failed("step", CollectiveError("injected collective error"))
@@ -353,11 +358,29 @@ class Job:
         """Wait for ``work`` without ever blocking inside it; raise GenerationChanged
         as soon as a newer non-move generation is published."""
         done = threading.Event()
-        work.get_future().add_done_callback(lambda _f: done.set())
+        error: list[BaseException] = []
+        threaded = False
+        try:
+            work.get_future().add_done_callback(lambda _f: done.set())
+        except RuntimeError:
+            threaded = True
+            # gloo send/recv have no future and report is_completed() only after wait():
+            # block in wait() on a helper thread (it releases the GIL) and watch it.
+            def blocker() -> None:
+                try:
+                    work.wait()
+                except Exception as exc:  # surfaced below as a collective failure
+                    error.append(exc)
+                done.set()
+
+            threading.Thread(target=blocker, name="yoco-wait", daemon=True).start()
         while not done.wait(self.config.poll_interval_s):
             self._check_generation()
         try:
-            work.wait()
+            if error:
+                raise error[0]
+            if not threaded:  # a second wait() on a gloo p2p work can block forever
+                work.wait()
         except Exception as exc:  # gloo raises RuntimeError subclasses; any is a fault
             self._collective_failed(phase, exc)
 
@@ -415,8 +438,8 @@ class Job:
                 return latest
             if self._store.check([P.KEY_SHUTDOWN]):
                 sys.exit(0)
-            with contextlib.suppress(Exception):  # a timeout just means "look again"
-                self._store.wait([P.plan_key(min_gen)], timedelta(milliseconds=200))
+            # Polling, not store.wait(timeout): a timed-out wait logs a warning each time.
+            time.sleep(0.005)
 
     def _join(self, min_gen: int) -> None:
         """Become a member of the newest generation ≥ ``min_gen`` and hold its state."""
@@ -553,7 +576,7 @@ class Job:
     def _send_state(self, gen: int, me: int, dsts: list[int]) -> int:
         assert self._store is not None
         skel, tensors = split_state(self.state_dict())
-        self._store.set(P.skeleton_key(gen, me), pickle.dumps(skel))
+        self._store.set(P.skeleton_key(gen, me), pickle.dumps(skel))  # type: ignore[arg-type]
         small, large = partition(tensors)
         packed = pack([tensors[i] for i in small])
         moved = 0
@@ -609,3 +632,8 @@ class Job:
         in_place = all(r.index in live for r in model_refs) and len(model_refs) == len(own_model)
         self.load_state_dict(join_state(skel, dest), model_in_place=in_place)
         return sum(nbytes(t) for t in dest)
+
+
+def local_device() -> torch.device:
+    """Return the device the launcher assigned to this process (``cpu`` outside it)."""
+    return torch.device(os.environ.get(P.ENV_DEVICE, "cpu"))

@@ -40,8 +40,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(ledger_app, name="ledger")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 
@@ -469,7 +469,10 @@ def sla(
 @app.command("demo")
 def demo(
     contracts: Annotated[int, typer.Option(help="Sample contracts to create.")] = 3,
-    records: Annotated[int, typer.Option(help="Simulated records to ingest.")] = 20000,
+    records: Annotated[
+        int, typer.Option(help="Target size of the simulated stream (job progress records; "
+                          "failures and their outcomes come on top).")
+    ] = 20000,
     seed: Annotated[int, typer.Option(help="Seed of the simulated stream.")] = 7,
 ) -> None:
     """The whole story on one machine, on the embedded database (simulated events)."""

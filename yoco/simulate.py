@@ -12,7 +12,6 @@ before its outcome; event ids are seeded, so a seed gives the same stream.
 
 from __future__ import annotations
 
-
 import random
 import uuid
 from collections.abc import Iterator
@@ -144,17 +143,18 @@ def simulate(cfg: StreamConfig) -> Iterator[dict[str, object]]:
             if rng.random() < cfg.pending_share:
                 continue
             outcome = _pick(rng, OUTCOME_MIX[cls])
+            # Rollbacks lose the steps since the last checkpoint (taken every
+            # ~30 min) and idle the whole job while it restarts.
+            since_checkpoint = max(1, int(1800 / step_seconds))
             if outcome == "live_migrated":
-                recovery, lost, affected = (
-                    round(rng.uniform(0.08, 4.0), 3),
-                    0,
-                    8 if gpus >= 8 else gpus,
-                )
+                recovery, lost = round(rng.uniform(0.08, 4.0), 3), 0
+                affected = min(8, gpus)
             elif outcome == "rolled_back":
-                recovery = round(rng.uniform(300, 3600), 3)
-                lost, affected = rng.randrange(1, 2000), gpus
+                recovery = round(rng.uniform(120, 900), 3)
+                lost, affected = rng.randrange(1, since_checkpoint + 1), gpus
             else:
-                recovery, lost, affected = round(rng.uniform(600, 7200), 3), step, gpus
+                recovery = round(rng.uniform(600, 3600), 3)
+                lost, affected = rng.randrange(1, since_checkpoint + 1), gpus
             out_t = t + timedelta(seconds=recovery)
             add(
                 out_t,
@@ -239,4 +239,3 @@ def expected_failures(gpus: int, hours: float) -> float:
 
 
 __all__ = ["StreamConfig", "expected_failures", "simulate"]
-

@@ -200,16 +200,16 @@ def _tamper(owner_engine, table: str, sql: str) -> None:
 @pytest.mark.parametrize(
     ("sql", "needle"),
     [
-        # An edited queryable copy: the hash still matches the bytes, but the copy lies.
-        ("UPDATE journal_entries SET body = jsonb_set(body, '{cause}', '\"customer_code\"') WHERE seq = 3",
-         "stored copy"),
+        # An edited queryable column: the hash still matches the bytes, but the column lies.
+        ("UPDATE journal_entries SET occurred_at = occurred_at + interval '1 year' WHERE seq = 3",
+         "columns"),
         # Edited bytes: the leaf hash no longer matches.
         ("UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8') WHERE seq = 3",
          "leaf hash"),
         # Bytes and leaf hash both rewritten: the stored tree no longer matches.
         ("UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8'), "
-         "leaf_hash = sha256('\\x00'::bytea || convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8')), "
-         "body = jsonb_set(body, '{cause}', '\"thermal\"') WHERE seq = 3",
+         "leaf_hash = sha256('\\x00'::bytea || convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8')) "
+         "WHERE seq = 3",
          "Merkle node"),
     ],
 )
@@ -291,3 +291,15 @@ def test_tree_nodes_in_the_database_match_the_reference(engine) -> None:
             for i in range(n):
                 proof = tree.inclusion_proof(s, "C-1", i, n)
                 merkle.verify_inclusion(i, n, leaves[i], proof, merkle.reference_root(leaves[:n]))
+
+
+def test_the_queryable_body_is_generated_from_the_hashed_bytes(engine, owner_engine) -> None:
+    _setup_contracts(engine, "C-1")
+    _ingest(engine, [f.failure()])
+    with owner_engine.begin() as c:
+        c.execute(text("ALTER TABLE journal_entries DISABLE TRIGGER journal_entries_append_only"))
+        with pytest.raises(DBAPIError, match="generated column|can only be updated to DEFAULT"):
+            c.execute(text("UPDATE journal_entries SET body = '{}'::jsonb WHERE seq = 1"))
+    with engine.connect() as c:
+        body = c.execute(text("SELECT body FROM journal_entries WHERE seq = 1")).scalar_one()
+    assert body["cause"] == "gpu_lost" and body["failure_class"] == "unplanned"

@@ -194,9 +194,7 @@ def test_frontier_and_range_coords() -> None:
 def test_store_and_root_match_reference(n: int) -> None:
     store = _store(n)
     # exactly the perfect subtrees, each equal to the reference MTH of its range
-    expected = {
-        (lv, ix) for lv in range(n.bit_length() + 1) for ix in range(n >> lv) if n >> lv
-    }
+    expected = {(lv, ix) for lv in range(n.bit_length() + 1) for ix in range(n >> lv) if n >> lv}
     assert set(store) == expected
     for (lv, ix), h in store.items():
         if lv <= 3 or n <= 130:
@@ -316,7 +314,7 @@ def test_tampered_inclusion_proofs_fail() -> None:
                 (i, n, LEAVES[i], [*proof, proof[0] if proof else root], root),  # extended
                 (i, n, LEAVES[i], proof, _flip([root], 0)[0]),  # wrong root
                 (i, n, LEAVES[(i + 1) % 1100], proof, root),  # wrong leaf
-                (i, n + 1, LEAVES[i], proof, root),  # wrong size
+                (i, 2 * n + 1, LEAVES[i], proof, root),  # wrong size (other shape)
                 (i, n, LEAVES[i][:31], proof, root),  # short leaf hash
                 (n, n, LEAVES[i], proof, root),  # index beyond size
                 (-1, n, LEAVES[i], proof, root),
@@ -346,13 +344,13 @@ def test_tampered_consistency_proofs_fail() -> None:
             (m, n, proof, _ref_root(m + 1), r2),
             (m, n, proof, r1, _ref_root(n - 1)),
             (m + 1, n, proof, r1, r2),
-            (m, n + 1, proof, r1, r2),
+            (m, 2 * n + 1, proof, r1, r2),
             (n, m, proof, r1, r2),
             (0, n, proof, EMPTY_ROOT, r2),
             (m, n, [], r1, r2),
         ]:
             with pytest.raises(ProofError):
-                verify_consistency(*case)  # type: ignore[arg-type]
+                verify_consistency(*case)
 
 
 def test_equal_sizes_and_bad_arguments() -> None:
@@ -369,9 +367,9 @@ def test_equal_sizes_and_bad_arguments() -> None:
     with pytest.raises(TreeSizeError):
         inclusion_proof(5, 5, _store(5))
     with pytest.raises(TreeSizeError):
-        inclusion_coords(True, 5)  # type: ignore[arg-type]
+        inclusion_coords(True, 5)
     with pytest.raises(ProofError):
-        verify_inclusion(True, 5, LEAVES[1], [], _ref_root(5))  # type: ignore[arg-type]
+        verify_inclusion(True, 5, LEAVES[1], [], _ref_root(5))
     with pytest.raises(MissingNodeError):
         inclusion_proof(3, 5, {})
     assert root_from_nodes(0, {}) == EMPTY_ROOT

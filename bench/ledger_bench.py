@@ -1,0 +1,165 @@
+"""Ledger benchmark: sustained ingest, full verification, inclusion proofs, SLA figures.
+
+Usage::
+
+    python bench/ledger_bench.py --records 1000000
+
+Uses ``DATABASE_URL`` if set, else a fresh embedded PostgreSQL in a temporary folder.
+The stream is SIMULATED (``yoco.simulate``): one contract, one contract year, jobs of
+8–4,096 GPUs failing at the Meta cluster-study rate, mostly progress records.
+Prints each figure next to its goal (DESIGN section 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=5000, help="records per transaction")
+    parser.add_argument("--proofs", type=int, default=200, help="inclusion proofs to time")
+    parser.add_argument("--sla-runs", type=int, default=20)
+    args = parser.parse_args()
+
+    import os
+
+    from sqlalchemy import create_engine, text
+
+    import migrations
+    from billing.services import sla_figures
+    from ledger.checkpoints import sign_all
+    from ledger.contracts import add_contracts
+    from ledger.ingest import ingest
+    from ledger.note import Signer, generate_signer
+    from ledger.records import parse_contracts, validate_batch
+    from ledger.services import inclusion_bundle
+    from ledger.verify import verify_all
+    from yoco.database import embedded_url, ensure_database, make_engine, start_embedded, unit_of_work
+    from yoco.simulate import StreamConfig, simulate
+
+    if os.environ.get("DATABASE_URL"):
+        from yoco.settings import normalize_url
+
+        url = normalize_url(os.environ["DATABASE_URL"])
+        server = None
+    else:
+        server = start_embedded(Path(tempfile.mkdtemp(prefix="yoco-bench-")) / "pgdata")
+        ensure_database(embedded_url(server, "postgres"), "yoco")
+        url = embedded_url(server)
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{db}"'))
+    from sqlalchemy.engine import make_url
+
+    url = make_url(url).set(database=db).render_as_string(hide_password=False)
+    migrations.upgrade(url)
+    engine = make_engine(url)
+
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    end = datetime(2026, 1, 1, tzinfo=UTC)
+    specs, errors = parse_contracts(
+        b'{"contract_id":"BENCH-1","customer":"bench","start_date":"2025-01-01",'
+        b'"currency":"USD","annual_value":"10000000.00","term_years":1}'
+    )
+    assert not errors
+    with unit_of_work(engine) as s:
+        add_contracts(s, specs)
+
+    t = time.perf_counter()
+    stream = list(simulate(StreamConfig(contract_id="BENCH-1", start=start, end=end,
+                                        records=args.records, seed=42, parallel_jobs=16)))
+    gen_s = time.perf_counter() - t
+    kinds: dict[str, int] = {}
+    for r in stream:
+        kinds[str(r["kind"])] = kinds.get(str(r["kind"]), 0) + 1
+    print(f"simulated stream: {len(stream)} records {kinds} in {gen_s:.1f} s")
+
+    # Ingest: validation + canonical bytes + hashing + Merkle nodes + projections, batched.
+    validate_s = 0.0
+    db_s = 0.0
+    for lo in range(0, len(stream), args.batch):
+        t = time.perf_counter()
+        recs, errs = validate_batch(stream[lo : lo + args.batch])
+        validate_s += time.perf_counter() - t
+        assert not errs, errs[:3]
+        t = time.perf_counter()
+        with unit_of_work(engine) as s:
+            ingest(s, recs)
+        db_s += time.perf_counter() - t
+        if (lo // args.batch) % 40 == 0:
+            done = lo + len(recs)
+            print(f"  ingested {done}: {done / (validate_s + db_s):,.0f} records/s", flush=True)
+    total = validate_s + db_s
+    n = len(stream)
+    print(f"INGEST: {n} records in {total:.1f} s = {n / total:,.0f} records/s "
+          f"(validation {validate_s:.1f} s, database {db_s:.1f} s; goal >= 5,000/s)")
+
+    key, _ = generate_signer("bench.example/log")
+    signer = Signer.from_text(key)
+    with unit_of_work(engine) as s:
+        sign_all(s, signer, "bench.example/log")
+    from ledger.note import Verifier
+
+    verifier = Verifier.from_text(signer.verifier_text())
+    t = time.perf_counter()
+    with unit_of_work(engine) as s:
+        report = verify_all(s, verifier)
+    vs = time.perf_counter() - t
+    print(f"VERIFY: {report.entries} entries, {report.nodes} nodes in {vs:.2f} s = "
+          f"{report.entries / vs:,.0f} entries/s (goal >= 100,000/s)")
+
+    from sqlalchemy import select
+
+    from ledger.models import JournalEntry
+
+    with unit_of_work(engine) as s:
+        ids = [str(x) for x in s.execute(select(JournalEntry.event_id)).scalars()]
+    rng = random.Random(1)
+    picks = rng.sample(ids, min(args.proofs, len(ids)))
+    lat = []
+    with unit_of_work(engine) as s:
+        for eid in picks:
+            t = time.perf_counter()
+            inclusion_bundle(s, eid)
+            lat.append((time.perf_counter() - t) * 1000)
+    lat.sort()
+    print(f"PROOF at {len(ids):,} entries: p50 {statistics.median(lat):.2f} ms, "
+          f"p99 {lat[int(len(lat) * 0.99) - 1]:.2f} ms, max {lat[-1]:.2f} ms (goal < 50 ms)")
+
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    times = []
+    for _ in range(args.sla_runs):
+        with unit_of_work(engine) as s:
+            t = time.perf_counter()
+            rep = sla_figures(s, "BENCH-1", year=1, now=now)
+            times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    j = rep.to_json()
+    print(f"SLA over {len(ids):,} events ({j['covered_failures']} covered failures, "
+          f"rate {j['resolution_rate']}, goodput {j['goodput']}): p50 "
+          f"{statistics.median(times):.1f} ms, max {times[-1]:.1f} ms (goal < 200 ms)")
+
+    engine.dispose()
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE "{db}" WITH (FORCE)'))
+    admin.dispose()
+    if server is not None:
+        server.cleanup()
+
+
+if __name__ == "__main__":
+    main()

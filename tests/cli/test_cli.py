@@ -1,0 +1,154 @@
+"""The ``yoco`` command line, end to end on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests import factories as f
+from yoco.cli import app
+
+runner = CliRunner()
+
+
+def yoco(*args: str, code: int = 0) -> str:
+    result = runner.invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == code, (result.exit_code, result.output)
+    return result.output
+
+
+@pytest.fixture
+def contracts_file(tmp_path: Path) -> Path:
+    p = tmp_path / "contracts.json"
+    p.write_text(json.dumps([
+        f.contract("C-1", start_date="2026-01-01", timezone="America/New_York"),
+        f.contract("C-2", currency="JPY", annual_value="120000000"),
+    ]))
+    return p
+
+
+def test_help_on_every_level() -> None:
+    assert "ledger" in yoco("--help")
+    for group in ("db", "contracts", "ledger"):
+        assert "Usage" in yoco(group, "--help")
+    for cmd in (("ledger", "ingest"), ("ledger", "verify"), ("ledger", "prove"), ("sla",),
+                ("contracts", "add"), ("verify-proof",), ("demo",)):
+        out = yoco(*cmd, "--help")
+        assert "Usage" in out and len(out) > 200
+
+
+def test_commands_refuse_an_unmigrated_database(yoco_env, tmp_path) -> None:
+    yoco("db", "downgrade", "base", "--yes")
+    out = runner.invoke(app, ["contracts", "list"])
+    assert out.exit_code == 2 and "yoco db upgrade" in out.output
+    yoco("db", "upgrade")
+    yoco("contracts", "list")
+
+
+def test_db_url_hides_nothing_it_should_not(yoco_env) -> None:
+    out = yoco("db", "url")
+    assert "postgresql+psycopg://" in out
+
+
+def test_full_story_ingest_checkpoint_prove_verify_sla(yoco_env, contracts_file, tmp_path) -> None:
+    yoco("contracts", "import", str(contracts_file))
+    assert "already recorded" in yoco("contracts", "import", str(contracts_file))
+    fail = f.failure(cid="C-1", at=f.later(1))
+    records = [
+        f.job_started(cid="C-1", gpus=16),
+        fail,
+        f.outcome(fail["event_id"], cid="C-1", at=f.later(2), gpus_affected=16),
+        f.rec("job_finished", cid="C-1", job_id="j1", step=500, at=f.later(120)),
+    ]
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(f.jsonl(records))
+    assert "4 appended" in yoco("ledger", "ingest", str(path))
+    assert "0 appended" in yoco("ledger", "ingest", str(path))
+    assert "signed: C-1 size 5" in yoco("ledger", "checkpoint")
+    proof = tmp_path / "proof.json"
+    yoco("ledger", "prove", fail["event_id"], "--out", str(proof))
+    key = yoco("ledger", "public-key").strip()
+    assert "proof verified" in yoco("verify-proof", str(proof), "--public-key", key)
+    keyfile = tmp_path / "key.pub"
+    keyfile.write_text(key + "\n")
+    assert "proof verified" in yoco("verify-proof", str(proof), "--public-key", str(keyfile))
+    # A forged proof (the entry changed) fails offline.
+    bundle = json.loads(proof.read_text())
+    import base64
+
+    entry = base64.b64decode(bundle["entry"]).replace(b"gpu_lost", b"thermal")
+    bundle["entry"] = base64.b64encode(entry).decode()
+    proof.write_text(json.dumps(bundle))
+    out = runner.invoke(app, ["verify-proof", str(proof), "--public-key", key])
+    assert out.exit_code == 1 and "does not verify" in out.output
+    assert "all match" in yoco("ledger", "verify")
+
+    data = json.loads(yoco("sla", "C-1", "--year", "1", "--json"))
+    for field in ("contract_id", "year", "period_start", "period_end", "covered_failures",
+                  "resolved_failures", "excluded_failures", "pending_failures",
+                  "resolution_rate", "guarantee_met", "allocated_gpu_hours", "lost_gpu_hours",
+                  "goodput", "credit"):
+        assert field in data
+    assert data["covered_failures"] == 1 and data["resolved_failures"] == 1
+    assert data["resolution_rate"] == "1.000000" and data["guarantee_met"] is True
+    assert data["period_start"] == "2026-01-01T05:00:00+00:00"  # midnight in New York
+    assert data["allocated_gpu_hours"] == "32.000000"  # 16 GPUs × 2 h
+    assert data["lost_gpu_hours"] == "0.006667"  # 16 × 1.5 s
+    month = json.loads(yoco("sla", "C-1", "--month", "2026-03", "--json"))
+    assert month["covered_failures"] == 1 and month["month"] == "2026-03"
+    table = yoco("sla", "C-1", "--year", "1")
+    assert "resolution rate" in table and "100.00%" in table
+    assert "projections rebuilt from 6" in yoco("ledger", "rebuild")
+
+
+def test_ingest_refuses_bad_lines_and_writes_nothing(yoco_env, contracts_file, tmp_path) -> None:
+    yoco("contracts", "import", str(contracts_file))
+    good = f.job_started(cid="C-1")
+    bad = f.rec("job_started", cid="C-1", job_id="j9", gpus=0)
+    naive = dict(f.failure(cid="C-1"), occurred_at="2026-03-02T12:00:00")
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(f.jsonl([good, bad, naive]) + b'{"kind": "nope"}\n')
+    result = runner.invoke(app, ["ledger", "ingest", str(path)])
+    assert result.exit_code == 2
+    assert "line 2" in result.output and "gpus" in result.output
+    assert "line 3" in result.output and "occurred_at" in result.output
+    assert "line 4" in result.output and "nothing written" in result.output
+    assert "projections rebuilt from 2" in yoco("ledger", "rebuild")
+
+
+def test_sla_errors_are_clear(yoco_env, contracts_file) -> None:
+    yoco("contracts", "import", str(contracts_file))
+    out = runner.invoke(app, ["sla", "NOPE"])
+    assert out.exit_code == 2 and "unknown contract" in out.output
+    out = runner.invoke(app, ["sla", "C-1", "--year", "3"])
+    assert out.exit_code == 2 and "years 1 to 2" in out.output
+    out = runner.invoke(app, ["sla", "C-1", "--month", "2026-13"])
+    assert out.exit_code == 2 and "YYYY-MM" in out.output
+    out = runner.invoke(app, ["sla", "C-1", "--month", "2030-01"])
+    assert out.exit_code == 2 and "outside" in out.output
+
+
+def test_contracts_add_validates_every_field(yoco_env) -> None:
+    out = runner.invoke(app, ["contracts", "add", "--id", "X", "--customer", "c", "--start",
+                              "2026-02-30", "--currency", "usd", "--annual-value", "1.5e3"])
+    assert out.exit_code == 2
+    assert "start_date" in out.output and "currency" in out.output
+    assert "annual_value" in out.output
+    yoco("contracts", "add", "--id", "X", "--customer", "c", "--start", "2026-02-28",
+         "--currency", "EUR", "--annual-value", "1000.00", "--threshold-percent", "95")
+    assert "X" in yoco("contracts", "list")
+
+
+def test_prove_refuses_unknown_and_unsigned(yoco_env, contracts_file, tmp_path) -> None:
+    yoco("contracts", "import", str(contracts_file))
+    out = runner.invoke(app, ["ledger", "prove", "00000000-0000-4000-8000-000000000000"])
+    assert out.exit_code == 2 and "no ledger entry" in out.output
+    fail = f.failure(cid="C-2")
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(f.jsonl([fail]))
+    yoco("ledger", "ingest", str(p))
+    out = runner.invoke(app, ["ledger", "prove", fail["event_id"]])
+    assert out.exit_code == 2 and "yoco ledger checkpoint" in out.output

@@ -1,0 +1,28 @@
+"""A sink for tests: a JSONL sink that fails while a flag file exists (a ledger outage)
+and counts every delivery attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import SinkError
+from runtime.sink import JsonlFileSink
+
+
+class FlakySink:
+    """Delegates to :class:`JsonlFileSink` unless ``down_flag`` exists."""
+
+    def __init__(self, path: str, down_flag: str) -> None:
+        self.inner = JsonlFileSink(path)
+        self.down_flag = Path(down_flag)
+        self.attempts = Path(path + ".attempts")
+
+    def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Refuse during the outage; otherwise store durably."""
+        with self.attempts.open("a") as fh:
+            fh.write(f"{len(records)}\n")
+        if self.down_flag.exists():
+            raise SinkError("ledger unavailable")
+        self.inner.deliver(records)

@@ -1,0 +1,110 @@
+"""Fault specs, telemetry policy and sources, sampler, state split (fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.control import drain, take_requests, write_status
+from runtime.data import ShardedSampler
+from runtime.errors import DrainError, FaultSpecError
+from runtime.faults import decode_faults, encode_faults, parse_fault
+from runtime.state import join_state, pack, split_state, unpack
+from runtime.telemetry import (
+    CommandSignalSource,
+    FileSignalSource,
+    NvmlSource,
+    Reading,
+    Signal,
+    WarningPolicy,
+)
+
+
+def test_fault_specs_round_trip() -> None:
+    faults = [parse_fault("kill:rank=1:step=5"), parse_fault("killall:step=9"),
+              parse_fault("warn:rank=0:step=3:signal=thermal")]
+    assert decode_faults(encode_faults(faults)) == faults
+    for bad in ("kill:step=1", "boom:rank=1:step=1", "kill:rank=1", "killall:rank=1:step=2",
+                "warn:rank=1:step=2:signal=nope", "kill:rank=x:step=1"):
+        with pytest.raises(FaultSpecError):
+            parse_fault(bad)
+
+
+def test_policy_turns_readings_into_signals() -> None:
+    pol = WarningPolicy(corrected_ecc_delta=10)
+    assert pol.evaluate([Reading(metric="ecc_corrected", value=5, gpu=0)]) == []
+    sig = pol.evaluate([Reading(metric="ecc_corrected", value=20, gpu=0),
+                        Reading(metric="ecc_uncorrected", value=1, gpu=1),
+                        Reading(metric="remap_pending", value=1, gpu=2),
+                        Reading(metric="temperature_c", value=86, gpu=3, slowdown_c=90),
+                        Reading(metric="temperature_c", value=60, gpu=3, slowdown_c=90),
+                        Reading(metric="xid", value=79, gpu=4),
+                        Reading(metric="xid", value=13, gpu=4)])
+    assert [(s.cause, s.gpu) for s in sig] == [("ecc_rising", 0), ("ecc_uncorrectable", 1),
+                                               ("row_remap_pending", 2), ("thermal", 3),
+                                               ("xid", 4)]
+    with pytest.raises(ValueError):
+        WarningPolicy(corrected_ecc_delta=0)
+
+
+def test_file_and_command_sources(tmp_path: Path) -> None:
+    f = tmp_path / "sig.jsonl"
+    src = FileSignalSource(f)
+    assert src.poll() == []
+    f.write_text('{"worker": "w1", "cause": "ecc_rising"}\n{"gpu": 0, "metric": "xid", '
+                 '"value": 79}\n{"worker": "w2", "cau')
+    got = src.poll()
+    assert got == [Signal(cause="ecc_rising", worker="w1"),
+                   Reading(metric="xid", value=79.0, gpu=0)]
+    with f.open("a") as fh:
+        fh.write('se": "thermal"}\n')
+    assert src.poll() == [Signal(cause="thermal", worker="w2")]
+    cmd = CommandSignalSource("echo '{\"worker\": \"w0\", \"cause\": \"xid\"}'")
+    assert cmd.poll() == [Signal(cause="xid", worker="w0")]
+    assert CommandSignalSource("/nonexistent/cmd").poll() == []
+
+
+def test_nvml_source_degrades_without_a_gpu() -> None:
+    src = NvmlSource()
+    if not torch.cuda.is_available():
+        assert not src.available and src.poll() == []
+
+
+def test_sampler_is_deterministic_and_resumable() -> None:
+    a = ShardedSampler(100, 4, seed=3)
+    first = [a.next_batch(r, 2) for r in (0, 1)]
+    assert not set(first[0].tolist()) & set(first[1].tolist())
+    state = a.state_dict()
+    nxt = a.next_batch(0, 2)
+    b = ShardedSampler(100, 4, seed=3)
+    b.load_state_dict(state)
+    assert torch.equal(b.next_batch(0, 2), nxt)
+
+
+def test_state_split_pack_round_trip() -> None:
+    state = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+             "b": [torch.tensor(3.0), {"c": torch.tensor([True, False])}], "n": 5}
+    skel, ts = split_state(state)
+    back = join_state(skel, [t.clone() for t in ts])
+    assert back["n"] == 5 and torch.equal(back["a"], state["a"])
+    from runtime.state import refs
+    r = refs(skel)
+    again = unpack(pack(ts), r)
+    assert all(torch.equal(x, y) for x, y in zip(again, ts, strict=True))
+
+
+def test_drain_request_files(tmp_path: Path) -> None:
+    run = tmp_path / "job1"
+    run.mkdir()
+    with pytest.raises(DrainError):
+        drain("job1", "w1", runs_root=tmp_path)
+    write_status(run, {"state": "running", "members": ["w0", "w3"]})
+    assert drain("job1", "1", runs_root=tmp_path) == "w3"
+    with pytest.raises(DrainError):
+        drain("job1", "w9", runs_root=tmp_path)
+    reqs = take_requests(run / "control")
+    assert [r["worker"] for r in reqs] == ["w3"] and take_requests(run / "control") == []
+    json.dumps(reqs)

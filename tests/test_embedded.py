@@ -1,0 +1,92 @@
+"""The embedded PostgreSQL: started on demand, stopped by the last user, recovered after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+YOCO = [sys.executable, "-m", "yoco.cli"]
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+    env["YOCO_DATA_DIR"] = str(data_dir)
+    return env
+
+
+def _server_pid(pgdata: Path) -> int | None:
+    pidfile = pgdata / "postmaster.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text().splitlines()[0])
+    return pid if psutil.pid_exists(pid) else None
+
+
+def _wait_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path):
+    d = tmp_path / "data"
+    yield d
+    pid = _server_pid(d / "pgdata")
+    if pid:  # never leave a server behind, whatever the test did
+        os.kill(pid, signal.SIGTERM)
+        _wait_gone(pid)
+
+
+def test_starts_on_demand_and_stops_when_the_last_user_leaves(data_dir: Path) -> None:
+    out = subprocess.run([*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "→ " in out.stdout
+    url = subprocess.run([*YOCO, "db", "url"], env=_env(data_dir), capture_output=True,
+                         text=True, timeout=120)
+    assert url.returncode == 0 and str(data_dir / "pgdata") in url.stdout.replace("%2F", "/")
+    assert _server_pid(data_dir / "pgdata") is None  # stopped cleanly at exit
+
+
+def test_recovers_after_the_owning_process_was_sigkilled(data_dir: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from yoco.database import open_database; "
+         "db = open_database(); print(db.url, flush=True); time.sleep(600)"],
+        env=_env(data_dir), stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("postgresql")
+        server = _server_pid(data_dir / "pgdata")
+        assert server is not None
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        # The orphaned server still runs, and the dead pid is still listed as a user.
+        assert _server_pid(data_dir / "pgdata") == server
+        handles = json.loads((data_dir / "pgdata" / ".handle_pids.json").read_text())
+        assert holder.pid in handles
+        out = subprocess.run([*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        # The next user reattached, dropped the stale handle and stopped the server at exit.
+        assert _wait_gone(server)
+        assert _server_pid(data_dir / "pgdata") is None
+        again = subprocess.run([*YOCO, "contracts", "list"], env=_env(data_dir),
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+    finally:
+        if holder.poll() is None:
+            holder.kill()
