@@ -47,7 +47,13 @@ def main() -> None:
     from ledger.records import parse_contracts, validate_batch
     from ledger.services import inclusion_bundle
     from ledger.verify import verify_all
-    from yoco.database import embedded_url, ensure_database, make_engine, start_embedded, unit_of_work
+    from yoco.database import (
+        embedded_url,
+        ensure_database,
+        make_engine,
+        start_embedded,
+        unit_of_work,
+    )
     from yoco.simulate import StreamConfig, simulate
 
     if os.environ.get("DATABASE_URL"):

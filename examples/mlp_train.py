@@ -43,6 +43,9 @@ def main() -> None:
                     help="extra seconds per step (to give tests time to act)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--time-file", default=None,
+                    help="rank 0 writes the mean step time after --warmup steps here")
+    ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = local_device()
@@ -60,13 +63,19 @@ def main() -> None:
               config=JobConfig(seed=args.seed))
 
     loss_fn = nn.MSELoss()
-    for _step in job.steps(args.steps):
+    t_warm = time.perf_counter()
+    for step in job.steps(args.steps):
+        if step == args.warmup:
+            t_warm = time.perf_counter()
         idx = sampler.next_batch(job.rank, job.world_size)
         loss = loss_fn(model(x[idx].to(device)), y[idx].to(device))
         loss.backward()
         if args.step_sleep:
             time.sleep(args.step_sleep)
 
+    if args.time_file and job.rank == 0:
+        with open(args.time_file, "w") as fh:
+            fh.write(str((time.perf_counter() - t_warm) / (args.steps - args.warmup)))
     if args.out and job.rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "step": job.step}, args.out)

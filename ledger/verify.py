@@ -15,8 +15,10 @@ It stops at the first problem and names the entry.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -77,12 +79,36 @@ _ROWS_SQL = text(
 )
 
 
-def _verify_chunk(session: Session, log_id: str, lo: int, hi: int) -> list[bytes]:
+def _fetch_chunks(session: Session, log_id: str, size: int) -> Iterator[tuple[int, int, Any]]:
+    """Chunks of a log as the server aggregates them, fetched one ahead in a thread.
+
+    The fetch of chunk k+1 (server work, GIL released) overlaps the hashing of chunk k.
+    Only the fetching thread uses the session while chunks are in flight.
+    """
+    ranges = [(lo, min(lo + _CHUNK, size)) for lo in range(0, size, _CHUNK)]
+    if not ranges:
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+
+        def fetch(lo: int, hi: int) -> Any:
+            return session.execute(_CHUNK_SQL, {"log": log_id, "lo": lo, "hi": hi}).one()
+
+        pending = pool.submit(fetch, *ranges[0])
+        for i, (lo, hi) in enumerate(ranges):
+            row = pending.result()
+            if i + 1 < len(ranges):
+                pending = pool.submit(fetch, *ranges[i + 1])
+            try:
+                yield lo, hi, row
+            except BaseException:
+                pending.result()  # never leave the session busy in the other thread
+                raise
+
+
+def _verify_chunk(session: Session, log_id: str, lo: int, hi: int, row: Any) -> list[bytes]:
     """Leaf hashes of entries [lo, hi) of a log, recomputed and checked; raise on the first bad."""
     sha = hashlib.sha256
-    count, first, last, blob, stored, same = session.execute(
-        _CHUNK_SQL, {"log": log_id, "lo": lo, "hi": hi}
-    ).one()
+    count, first, last, blob, stored, same = row
     leaves: list[bytes] = []
     if count == hi - lo and first == lo and last == hi - 1 and same:
         blob = bytes(blob)
@@ -141,10 +167,14 @@ def verify_log(
 ) -> None:
     """Verify one log; raise :class:`VerificationFailed` naming the first bad entry."""
     leaves: list[bytes] = []
-    for lo in range(0, size, _CHUNK):
-        leaves.extend(_verify_chunk(session, log_id, lo, min(lo + _CHUNK, size)))
-        if progress:
-            progress(min(lo + _CHUNK, size) - lo)
+    chunks = _fetch_chunks(session, log_id, size)
+    try:
+        for lo, hi, row in chunks:
+            leaves.extend(_verify_chunk(session, log_id, lo, hi, row))
+            if progress:
+                progress(hi - lo)
+    finally:
+        chunks.close()
     extra = session.execute(
         text("SELECT min(seq) FROM journal_entries WHERE log_id = :log AND seq >= :size"),
         {"log": log_id, "size": size},

@@ -6,7 +6,7 @@ Built lazily by the CLI and the web app; nothing here runs at import time.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from yoco.settings import Settings, get_settings
 
@@ -72,9 +72,37 @@ class App:
     @property
     def projectors(self) -> list[Projector]:
         """Projectors of entry kinds owned by packages above the ledger (billing)."""
-        return []
+        return list(extra_projectors())
+
+    @property
+    def projection_tables(self) -> list[str]:
+        """Projection tables of packages above the ledger, emptied by a rebuild."""
+        return list(extra_projection_tables())
 
     def close(self) -> None:
         """Release connections (the embedded server stops when the process exits)."""
         if "engine" in self.__dict__:
             self.engine.dispose()
+
+
+def _billing_projections() -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module("billing.projections")
+    except ModuleNotFoundError as exc:
+        if exc.name != "billing.projections":
+            raise
+        return None
+
+
+def extra_projectors() -> tuple[Projector, ...]:
+    """Projectors the composition root wires into the ledger (billing's entry kinds)."""
+    module = _billing_projections()
+    return tuple(module.PROJECTORS) if module else ()
+
+
+def extra_projection_tables() -> tuple[str, ...]:
+    """Tables of the projectors of :func:`extra_projectors`, children first."""
+    module = _billing_projections()
+    return tuple(module.TABLES) if module else ()

@@ -407,7 +407,7 @@ def ledger_rebuild() -> None:
     from ledger.projections import rebuild
 
     with application() as ctx:
-        n = _unit(ctx, lambda s: rebuild(s, ctx.projectors))
+        n = _unit(ctx, lambda s: rebuild(s, ctx.projectors, ctx.projection_tables))
     out.print(f"projections rebuilt from {n} journal entries")
 
 
@@ -482,22 +482,42 @@ def demo(
         run_demo(ctx, out, contracts=contracts, records=records, seed=seed)
 
 
+#: Command modules of the other domains; each exposes ``register(app)``.
+COMMAND_MODULES = ("yoco.cli_billing", "yoco.cli_reports", "yoco.cli_web", "yoco.cli_runtime")
+
+
 def _register_optional() -> None:
-    # Runtime commands need torch (the ``runtime`` extra); register them only when
-    # their module imports, so the ledger CLI works without torch.
-    try:
-        from yoco import cli_runtime
-    except ImportError:
-        return
-    register = getattr(cli_runtime, "register", None)
-    if register is not None:
-        register(app)
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # Runtime commands need torch (the ``runtime`` extra): without it the rest
+            # of the CLI still works.  A module of ours that is missing is a bug.
+            if exc.name in (name, "torch"):
+                continue
+            raise
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_registered = False
+
+
+def build_app() -> typer.Typer:
+    """The full ``yoco`` application with every domain's commands registered (once)."""
+    global _registered
+    if not _registered:
+        _registered = True
+        _register_optional()
+    return app
 
 
 def main() -> None:
     """Entry point of the ``yoco`` console script."""
-    _register_optional()
-    app()
+    build_app()()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tests import factories as f
-from yoco.cli import app
+from yoco.cli import build_app
+
+app = build_app()
 
 runner = CliRunner()
 

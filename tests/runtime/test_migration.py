@@ -1,0 +1,159 @@
+"""End to end: real worker processes on gloo/CPU, real SIGKILLs, real records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.faults import parse_fault
+from runtime.sink import JsonlFileSink
+from runtime.state import split_state
+from runtime.supervisor import LaunchConfig, launch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
+STEPS = 40
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp: Path, name: str, *, faults: list[str], spares: int, ckpt: int = 5,
+         sleep: float = 0.0, steps: int = STEPS) -> tuple[Any, list[dict[str, Any]], Path]:
+    out = tmp / f"{name}.pt"
+    sink = JsonlFileSink(tmp / f"{name}.records.jsonl")
+    cfg = LaunchConfig(script=EXAMPLE, args=["--steps", str(steps), "--out", str(out),
+                                             "--step-sleep", str(sleep)],
+                       workers=3, spares=spares, job_id=name, contract_id="c-test",
+                       runs_root=str(tmp / "runs"), checkpoint_every=ckpt,
+                       faults=[parse_fault(f) for f in faults], nvml=False,
+                       progress_interval_s=0.5)
+    result = launch(cfg, sink)
+    return result, sink.read_all(), out
+
+
+def _tensors(path: Path) -> tuple[int, list[torch.Tensor]]:
+    state = torch.load(path)
+    return state["step"], split_state({"m": state["model"], "o": state["optimizer"]})[1]
+
+
+def _assert_identical(a: Path, b: Path) -> None:
+    step_a, ta = _tensors(a)
+    step_b, tb = _tensors(b)
+    assert step_a == step_b == STEPS
+    assert len(ta) == len(tb)
+    for x, y in zip(ta, tb, strict=True):
+        assert torch.equal(x, y)
+
+
+def _failures(recs: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
+    """(class, cause, outcome, lost_steps) per failure, in order."""
+    outcomes = {r["failure_event_id"]: r for r in recs if r["kind"] == "outcome"}
+    return [(r["failure_class"], r["cause"], outcomes[r["event_id"]]["outcome"],
+             outcomes[r["event_id"]]["lost_steps"]) for r in recs if r["kind"] == "failure"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("ref")
+    result, recs, out = _run(tmp, "ref", faults=[], spares=0)
+    assert result.exit_code == 0
+    kinds = [r["kind"] for r in recs]
+    assert kinds[0] == "job_started" and kinds[-1] == "job_finished"
+    assert "failure" not in kinds and recs[-1]["step"] == STEPS
+    return out
+
+
+def test_live_migrations_are_bit_identical(reference: Path, tmp_path: Path) -> None:
+    faults = ["kill:rank=1:step=3", "raise:rank=2:step=7", "warn:rank=0:step=12",
+              "drain:rank=1:step=16", "kill:rank=0:step=30"]
+    result, recs, out = _run(tmp_path, "live", faults=faults, spares=2, sleep=0.25)
+    assert result.exit_code == 0, result
+    _assert_identical(reference, out)
+    got = _failures(recs)
+    assert sorted(got) == sorted([
+        ("unplanned", "process_killed", "live_migrated", 0),
+        ("unplanned", "collective_error", "live_migrated", 0),
+        ("preemptive", "ecc_rising", "live_migrated", 0),
+        ("planned", "maintenance", "live_migrated", 0),
+        ("unplanned", "process_killed", "live_migrated", 0)]), got
+    for r in recs:
+        if r["kind"] == "outcome":
+            assert r["recovery_seconds"] >= 0 and r["step_seconds"] > 0
+            assert r["gpus_affected"] == 3
+    assert sum(r["kind"] == "job_started" for r in recs) == 1
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+
+
+def test_rollback_when_no_spare_or_no_replica(reference: Path, tmp_path: Path) -> None:
+    # No spare: a cold replacement and everyone reloads step 5 (2 steps lost); then the
+    # whole job dies at step 13: reload step 10 (3 steps lost).
+    result, recs, out = _run(tmp_path, "rb", faults=["kill:rank=1:step=7", "killall:step=13"],
+                             spares=0)
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "rolled_back", 2),
+                               ("unplanned", "process_killed", "rolled_back", 3)]
+    _assert_identical(reference, out)
+
+
+def test_failed_when_nothing_to_roll_back_to(tmp_path: Path) -> None:
+    result, recs, _ = _run(tmp_path, "fail", faults=["killall:step=4"], spares=1, ckpt=0)
+    assert result.exit_code == 1
+    assert _failures(recs) == [("unplanned", "process_killed", "failed", 4)]
+    assert recs[-1]["kind"] == "job_finished"
+
+
+def test_supervisor_crash_delivers_every_record_once(tmp_path: Path) -> None:
+    sink_path = tmp_path / "ledger.jsonl"
+    down = tmp_path / "ledger-down"
+    down.touch()  # the ledger is unreachable while the first supervisor runs
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from runtime.supervisor import LaunchConfig, launch\n"
+        "from runtime.faults import parse_fault\n"
+        "from runtime.sink import SinkSpec\n"
+        "cfg = LaunchConfig(script=%r, args=['--steps', '40', '--step-sleep', '0.1'],\n"
+        "    workers=2, spares=1, job_id='crash', contract_id='c-test', runs_root=%r,\n"
+        "    checkpoint_every=5, nvml=False, progress_interval_s=0.2, resume=%s,\n"
+        "    faults=[] if %s else [parse_fault('kill:rank=1:step=3')],\n"
+        "    sink=SinkSpec(target='flaky_sink:FlakySink', kwargs={'path': %r, 'down_flag': %r}))\n"
+        "sys.exit(launch(cfg).exit_code)\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"}
+    args = (str(ROOT), EXAMPLE, str(tmp_path / "runs"))
+    first_code = code % (*args, False, False, str(sink_path), str(down))
+    first = subprocess.Popen([sys.executable, "-c", first_code], env=env, cwd=ROOT)
+    outbox = tmp_path / "runs" / "crash" / "outbox" / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        text = outbox.read_text() if outbox.exists() else ""
+        if '"kind":"outcome"' in text and text.count("job_progress") >= 2:
+            break
+        time.sleep(0.1)
+    else:
+        first.kill()
+        pytest.fail("the first supervisor never recorded a recovery")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not sink_path.exists() or sink_path.read_text() == ""
+    down.unlink()  # the ledger is back
+    second = subprocess.run([sys.executable, "-c", code % (*args, True, True,
+                                                           str(sink_path), str(down))],
+                            env=env, cwd=ROOT, timeout=300)
+    assert second.returncode == 0
+    outbox_ids = [json.loads(ln)["event_id"] for ln in outbox.read_text().splitlines()]
+    stored = JsonlFileSink(sink_path).read_all()
+    stored_ids = [r["event_id"] for r in stored]
+    assert len(stored_ids) == len(set(stored_ids))  # exactly once
+    assert sorted(stored_ids) == sorted(outbox_ids)  # nothing lost
+    causes = [r["cause"] for r in stored if r["kind"] == "failure"]
+    assert causes == ["process_killed", "supervisor_lost"]
+    assert [r["kind"] for r in stored].count("job_started") == 1
+    assert stored[-1]["kind"] == "job_finished" and stored[-1]["step"] == 40
