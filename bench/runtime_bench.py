@@ -76,8 +76,8 @@ def throughput(tmp: Path) -> None:
     print(f"[throughput] model hidden={hidden} layers={layers} dim={dim} batch={batch}/worker, "
           f"2 workers (+1 idle spare for ours), {steps - warmup} timed steps, median of 3")
     print(f"[throughput] step time: runtime {o * 1e3:.1f} ms, plain DDP {d * 1e3:.1f} ms; "
-          f"throughput ratio runtime/DDP = {d / o:.3f}  (runs: ours {[round(x*1e3,1) for x in ours]}"
-          f", ddp {[round(x*1e3,1) for x in ddp]})")
+          f"throughput ratio runtime/DDP = {d / o:.3f}  (runs ms: ours "
+          f"{[round(x * 1e3, 1) for x in ours]}, ddp {[round(x * 1e3, 1) for x in ddp]})")
 
 
 def loopback_bandwidth(nbytes: int) -> float:
@@ -86,9 +86,9 @@ def loopback_bandwidth(nbytes: int) -> float:
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     port = srv.getsockname()[1]
-    code = ("import socket,sys;s=socket.create_connection(('127.0.0.1',%d));"
+    code = (f"import socket,sys;s=socket.create_connection(('127.0.0.1',{port}));"
             "buf=bytearray(1<<22);n=0\nwhile True:\n k=s.recv_into(buf)\n if not k: break\n"
-            " n+=k\ns.sendall(b'k')" % port)
+            " n+=k\ns.sendall(b'k')")
     child = subprocess.Popen([sys.executable, "-c", code])
     conn, _ = srv.accept()
     data = bytes(nbytes)
@@ -115,7 +115,7 @@ def recovery(tmp: Path) -> None:
     total = rec["first_step"] - rec["killed_at"]
     parts = {
         "detection (SIGKILL -> supervisor sees it)": rec["detected"] - rec["killed_at"],
-        "regroup (plan published, survivors abandon step, new gloo group)": rec["pg"] - rec["detected"],
+        "regroup (plan, abandon step, new gloo group)": rec["pg"] - rec["detected"],
         "transfer (commit vote + state to spare)": rec["synced"] - rec["pg"],
         "first step on the new group": rec["first_step"] - rec["synced"],
     }
@@ -140,7 +140,6 @@ def main() -> None:
             throughput(tmp)
         if a.section in ("all", "recovery"):
             recovery(tmp)
-    del threading
 
 
 if __name__ == "__main__":

@@ -251,7 +251,7 @@ class Job:
         for fault in self._faults:
             if fault.step != self.step:
                 continue
-            if fault.action == "killall" and self._fire(fault, per_rank=True):
+            if fault.action == "killall" and self._killall_armed(fault):
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault.rank == self.rank and fault.action in ("warn", "drain") and self._fire(fault):
                 self._inject_request(fault)
@@ -404,6 +404,14 @@ class Job:
             if latest > self.gen:
                 raise GenerationChanged(latest)
             time.sleep(self.config.poll_interval_s * 5)
+
+    def _killall_armed(self, fault: FaultSpec) -> bool:
+        # The first rank to reach the step arms it for its generation; every rank of that
+        # generation dies, and nobody after the recovery (a later generation) does.
+        assert self._store is not None
+        key = f"fired/killall/{fault.step}"
+        armed = self._store.compare_set(key, "", str(self.gen))
+        return bool(armed.decode() == str(self.gen))
 
     def _fire(self, fault: FaultSpec, *, per_rank: bool = False) -> bool:
         assert self._store is not None

@@ -349,6 +349,15 @@ class Supervisor:
                 cause = "process_exit"
             detail = ", ".join(f"{s} exit {rc}" for s, rc in dead)
         self.first_fault = None
+        last = self.pending[-1] if self.pending else None
+        if last is not None and last.failure_class == "unplanned" \
+                and detected - last.detected < 1.0:
+            # More deaths right after a failure (a node or the whole job going down, seen
+            # one process at a time): the same incident, planned again.
+            self.pending.pop()
+            last.slots += slots
+            self._recover(last, [s for s in slots if s in self.members])
+            return
         inc = self._open_incident("unplanned", cause, slots, self.last_step, detail, detected)
         self._killed_at = self._read_killed_at()
         self._recover(inc, [s for s in slots if s in self.members])

@@ -99,8 +99,12 @@ def test_rollback_when_no_spare_or_no_replica(reference: Path, tmp_path: Path) -
     result, recs, out = _run(tmp_path, "rb", faults=["kill:rank=1:step=7", "killall:step=13"],
                              spares=0)
     assert result.exit_code == 0, result
-    assert _failures(recs) == [("unplanned", "process_killed", "rolled_back", 2),
-                               ("unplanned", "process_killed", "rolled_back", 3)]
+    got = _failures(recs)
+    fails = [r for r in recs if r["kind"] == "failure"]
+    # Survivors may have completed the killed step's allreduce (step 8) or not (step 7).
+    assert fails[0]["step"] in (7, 8)
+    assert got == [("unplanned", "process_killed", "rolled_back", fails[0]["step"] - 5),
+                   ("unplanned", "process_killed", "rolled_back", 3)]
     _assert_identical(reference, out)
 
 
