@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     """Run the benchmark and print its figures."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=5000, help="records per transaction")
     parser.add_argument("--proofs", type=int, default=200, help="inclusion proofs to time")
@@ -86,8 +88,18 @@ def main() -> None:
         add_contracts(s, specs)
 
     t = time.perf_counter()
-    stream = list(simulate(StreamConfig(contract_id="BENCH-1", start=start, end=end,
-                                        records=args.records, seed=42, parallel_jobs=16)))
+    stream = list(
+        simulate(
+            StreamConfig(
+                contract_id="BENCH-1",
+                start=start,
+                end=end,
+                records=args.records,
+                seed=42,
+                parallel_jobs=16,
+            )
+        )
+    )
     gen_s = time.perf_counter() - t
     kinds: dict[str, int] = {}
     for r in stream:
@@ -111,8 +123,10 @@ def main() -> None:
             print(f"  ingested {done}: {done / (validate_s + db_s):,.0f} records/s", flush=True)
     total = validate_s + db_s
     n = len(stream)
-    print(f"INGEST: {n} records in {total:.1f} s = {n / total:,.0f} records/s "
-          f"(validation {validate_s:.1f} s, database {db_s:.1f} s; goal >= 5,000/s)")
+    print(
+        f"INGEST: {n} records in {total:.1f} s = {n / total:,.0f} records/s "
+        f"(validation {validate_s:.1f} s, database {db_s:.1f} s; goal >= 5,000/s)"
+    )
 
     key, _ = generate_signer("bench.example/log")
     signer = Signer.from_text(key)
@@ -125,8 +139,10 @@ def main() -> None:
     with unit_of_work(engine) as s:
         report = verify_all(s, verifier)
     vs = time.perf_counter() - t
-    print(f"VERIFY: {report.entries} entries, {report.nodes} nodes in {vs:.2f} s = "
-          f"{report.entries / vs:,.0f} entries/s (goal >= 100,000/s)")
+    print(
+        f"VERIFY: {report.entries} entries, {report.nodes} nodes in {vs:.2f} s = "
+        f"{report.entries / vs:,.0f} entries/s (goal >= 100,000/s)"
+    )
 
     from sqlalchemy import select
 
@@ -143,8 +159,10 @@ def main() -> None:
             inclusion_bundle(s, eid)
             lat.append((time.perf_counter() - t) * 1000)
     lat.sort()
-    print(f"PROOF at {len(ids):,} entries: p50 {statistics.median(lat):.2f} ms, "
-          f"p99 {lat[int(len(lat) * 0.99) - 1]:.2f} ms, max {lat[-1]:.2f} ms (goal < 50 ms)")
+    print(
+        f"PROOF at {len(ids):,} entries: p50 {statistics.median(lat):.2f} ms, "
+        f"p99 {lat[int(len(lat) * 0.99) - 1]:.2f} ms, max {lat[-1]:.2f} ms (goal < 50 ms)"
+    )
 
     now = datetime(2026, 6, 1, tzinfo=UTC)
     times = []
@@ -155,9 +173,11 @@ def main() -> None:
             times.append((time.perf_counter() - t) * 1000)
     times.sort()
     j = rep.to_json()
-    print(f"SLA over {len(ids):,} events ({j['covered_failures']} covered failures, "
-          f"rate {j['resolution_rate']}, goodput {j['goodput']}): p50 "
-          f"{statistics.median(times):.1f} ms, max {times[-1]:.1f} ms (goal < 200 ms)")
+    print(
+        f"SLA over {len(ids):,} events ({j['covered_failures']} covered failures, "
+        f"rate {j['resolution_rate']}, goodput {j['goodput']}): p50 "
+        f"{statistics.median(times):.1f} ms, max {times[-1]:.1f} ms (goal < 200 ms)"
+    )
 
     engine.dispose()
     with admin.connect() as c:

@@ -155,15 +155,15 @@ def _project_jobs(session: Session, entries: Sequence[ProjectedEntry]) -> list[P
                 }
             )
         else:
-            start_id = open_spans.pop(key, None)
-            if start_id is None:
+            closing = open_spans.pop(key, None)
+            if closing is None:
                 errors.append(
                     ProjectionError(
                         e.event_id, "job_id", f"job {key[1]!r} is not running (no job_started)"
                     )
                 )
                 continue
-            closes.append({"sid": start_id, "at": e.occurred_at, "fid": e.event_id})
+            closes.append({"sid": closing, "at": e.occurred_at, "fid": e.event_id})
     if errors:
         return errors
     if inserts:

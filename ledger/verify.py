@@ -15,7 +15,7 @@ It stops at the first problem and names the entry.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +79,9 @@ _ROWS_SQL = text(
 )
 
 
-def _fetch_chunks(session: Session, log_id: str, size: int) -> Iterator[tuple[int, int, Any]]:
+def _fetch_chunks(
+    session: Session, log_id: str, size: int
+) -> Generator[tuple[int, int, Any], None, None]:
     """Chunks of a log as the server aggregates them, fetched one ahead in a thread.
 
     The fetch of chunk k+1 (server work, GIL released) overlaps the hashing of chunk k.

@@ -46,7 +46,9 @@ def job_started(job: str = "j1", gpus: int = 8, **kw: Any) -> dict[str, Any]:
     return rec("job_started", job_id=job, gpus=gpus, **kw)
 
 
-def failure(job: str = "j1", cls: str = "unplanned", cause: str = "gpu_lost", **kw: Any) -> dict[str, Any]:
+def failure(
+    job: str = "j1", cls: str = "unplanned", cause: str = "gpu_lost", **kw: Any
+) -> dict[str, Any]:
     """A failure record."""
     return rec("failure", job_id=job, failure_class=cls, cause=cause, **kw)
 

@@ -50,22 +50,29 @@ def data_dir(tmp_path: Path):
 
 
 def test_starts_on_demand_and_stops_when_the_last_user_leaves(data_dir: Path) -> None:
-    out = subprocess.run([*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "→ " in out.stdout
-    url = subprocess.run([*YOCO, "db", "url"], env=_env(data_dir), capture_output=True,
-                         text=True, timeout=120)
+    url = subprocess.run(
+        [*YOCO, "db", "url"], env=_env(data_dir), capture_output=True, text=True, timeout=120
+    )
     assert url.returncode == 0 and str(data_dir / "pgdata") in url.stdout.replace("%2F", "/")
     assert _server_pid(data_dir / "pgdata") is None  # stopped cleanly at exit
 
 
 def test_recovers_after_the_owning_process_was_sigkilled(data_dir: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from yoco.database import open_database; "
-         "db = open_database(); print(db.url, flush=True); time.sleep(600)"],
-        env=_env(data_dir), stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from yoco.database import open_database; "
+            "db = open_database(); print(db.url, flush=True); time.sleep(600)",
+        ],
+        env=_env(data_dir),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None
@@ -78,14 +85,24 @@ def test_recovers_after_the_owning_process_was_sigkilled(data_dir: Path) -> None
         assert _server_pid(data_dir / "pgdata") == server
         handles = json.loads((data_dir / "pgdata" / ".handle_pids.json").read_text())
         assert holder.pid in handles
-        out = subprocess.run([*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [*YOCO, "db", "upgrade"],
+            env=_env(data_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         # The next user reattached, dropped the stale handle and stopped the server at exit.
         assert _wait_gone(server)
         assert _server_pid(data_dir / "pgdata") is None
-        again = subprocess.run([*YOCO, "contracts", "list"], env=_env(data_dir),
-                               capture_output=True, text=True, timeout=120)
+        again = subprocess.run(
+            [*YOCO, "contracts", "list"],
+            env=_env(data_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert again.returncode == 0, again.stderr
     finally:
         if holder.poll() is None:

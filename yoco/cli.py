@@ -314,7 +314,7 @@ def ledger_ingest(
             result = _unit(
                 ctx,
                 lambda s: ingest(
-                    s, records, line_locator([r.line for r in records]), ctx.projectors
+                    s, records, line_locator([r.line or 0 for r in records]), ctx.projectors
                 ),
             )
         except IngestRefused as exc:
@@ -419,10 +419,9 @@ def verify_proof(
     ],
 ) -> None:
     """Check a proof offline, with no database: signature, leaf hash and Merkle path."""
-    from ledger.proofs import verify_bundle
-
     from ledger.canonical import parse_json_strict
     from ledger.errors import LedgerError
+    from ledger.proofs import verify_bundle
 
     key_path = Path(public_key)
     key = key_path.read_text().strip() if key_path.is_file() else public_key.strip()
@@ -470,8 +469,11 @@ def sla(
 def demo(
     contracts: Annotated[int, typer.Option(help="Sample contracts to create.")] = 3,
     records: Annotated[
-        int, typer.Option(help="Target size of the simulated stream (job progress records; "
-                          "failures and their outcomes come on top).")
+        int,
+        typer.Option(
+            help="Target size of the simulated stream (job progress records; "
+            "failures and their outcomes come on top)."
+        ),
     ] = 20000,
     seed: Annotated[int, typer.Option(help="Seed of the simulated stream.")] = 7,
 ) -> None:

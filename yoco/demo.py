@@ -68,8 +68,6 @@ def run_demo(ctx: App, console: Console, *, contracts: int, records: int, seed: 
     """Run the demo; raises on any failure (the CLI turns that into an exit code)."""
     import json
 
-    from ledger.services import inclusion_bundle
-
     import migrations
     from billing.services import current_year, sla_figures
     from billing.years import contract_year_bounds
@@ -77,6 +75,7 @@ def run_demo(ctx: App, console: Console, *, contracts: int, records: int, seed: 
     from ledger.contracts import add_contracts, get_contract
     from ledger.ingest import ingest
     from ledger.records import parse_contracts, validate_batch
+    from ledger.services import inclusion_bundle
     from ledger.verify import verify_all
     from yoco.database import redact, unit_of_work
     from yoco.render import print_sla

@@ -25,10 +25,14 @@ def yoco(*args: str, code: int = 0) -> str:
 @pytest.fixture
 def contracts_file(tmp_path: Path) -> Path:
     p = tmp_path / "contracts.json"
-    p.write_text(json.dumps([
-        f.contract("C-1", start_date="2026-01-01", timezone="America/New_York"),
-        f.contract("C-2", currency="JPY", annual_value="120000000"),
-    ]))
+    p.write_text(
+        json.dumps(
+            [
+                f.contract("C-1", start_date="2026-01-01", timezone="America/New_York"),
+                f.contract("C-2", currency="JPY", annual_value="120000000"),
+            ]
+        )
+    )
     return p
 
 
@@ -36,8 +40,15 @@ def test_help_on_every_level() -> None:
     assert "ledger" in yoco("--help")
     for group in ("db", "contracts", "ledger"):
         assert "Usage" in yoco(group, "--help")
-    for cmd in (("ledger", "ingest"), ("ledger", "verify"), ("ledger", "prove"), ("sla",),
-                ("contracts", "add"), ("verify-proof",), ("demo",)):
+    for cmd in (
+        ("ledger", "ingest"),
+        ("ledger", "verify"),
+        ("ledger", "prove"),
+        ("sla",),
+        ("contracts", "add"),
+        ("verify-proof",),
+        ("demo",),
+    ):
         out = yoco(*cmd, "--help")
         assert "Usage" in out and len(out) > 200
 
@@ -89,10 +100,22 @@ def test_full_story_ingest_checkpoint_prove_verify_sla(yoco_env, contracts_file,
     assert "all match" in yoco("ledger", "verify")
 
     data = json.loads(yoco("sla", "C-1", "--year", "1", "--json"))
-    for field in ("contract_id", "year", "period_start", "period_end", "covered_failures",
-                  "resolved_failures", "excluded_failures", "pending_failures",
-                  "resolution_rate", "guarantee_met", "allocated_gpu_hours", "lost_gpu_hours",
-                  "goodput", "credit"):
+    for field in (
+        "contract_id",
+        "year",
+        "period_start",
+        "period_end",
+        "covered_failures",
+        "resolved_failures",
+        "excluded_failures",
+        "pending_failures",
+        "resolution_rate",
+        "guarantee_met",
+        "allocated_gpu_hours",
+        "lost_gpu_hours",
+        "goodput",
+        "credit",
+    ):
         assert field in data
     assert data["covered_failures"] == 1 and data["resolved_failures"] == 1
     assert data["resolution_rate"] == "1.000000" and data["guarantee_met"] is True
@@ -134,13 +157,42 @@ def test_sla_errors_are_clear(yoco_env, contracts_file) -> None:
 
 
 def test_contracts_add_validates_every_field(yoco_env) -> None:
-    out = runner.invoke(app, ["contracts", "add", "--id", "X", "--customer", "c", "--start",
-                              "2026-02-30", "--currency", "usd", "--annual-value", "1.5e3"])
+    out = runner.invoke(
+        app,
+        [
+            "contracts",
+            "add",
+            "--id",
+            "X",
+            "--customer",
+            "c",
+            "--start",
+            "2026-02-30",
+            "--currency",
+            "usd",
+            "--annual-value",
+            "1.5e3",
+        ],
+    )
     assert out.exit_code == 2
     assert "start_date" in out.output and "currency" in out.output
     assert "annual_value" in out.output
-    yoco("contracts", "add", "--id", "X", "--customer", "c", "--start", "2026-02-28",
-         "--currency", "EUR", "--annual-value", "1000.00", "--threshold-percent", "95")
+    yoco(
+        "contracts",
+        "add",
+        "--id",
+        "X",
+        "--customer",
+        "c",
+        "--start",
+        "2026-02-28",
+        "--currency",
+        "EUR",
+        "--annual-value",
+        "1000.00",
+        "--threshold-percent",
+        "95",
+    )
     assert "X" in yoco("contracts", "list")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, func, select, text
@@ -18,7 +17,7 @@ from ledger.contracts import add_contracts
 from ledger.errors import CheckpointRefused, IngestRefused, VerificationFailed
 from ledger.ingest import ingest, line_locator
 from ledger.models import Base, JournalEntry, LedgerLog
-from ledger.note import Verifier, generate_signer, Signer
+from ledger.note import Signer, Verifier, generate_signer
 from ledger.records import parse_contracts, parse_jsonl
 from ledger.verify import verify_all
 from tests import factories as f
@@ -61,8 +60,10 @@ def test_migrations_upgrade_downgrade_upgrade_without_drift(empty_db_url: str) -
     eng = create_engine(empty_db_url)
     with eng.connect() as c:
         tables = c.execute(
-            text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' "
-                 "AND tablename <> 'alembic_version'")
+            text(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename <> 'alembic_version'"
+            )
         ).scalar_one()
     assert tables == 0
     migrations.upgrade(empty_db_url)
@@ -93,9 +94,15 @@ def test_application_role_may_only_insert_and_select_the_journal(engine) -> None
     _setup_contracts(engine, "C-1")
     with engine.connect() as c:
         assert c.execute(text("SELECT current_user")).scalar() == "yoco_app"
-    for sql in ("UPDATE journal_entries SET kind = 'x'", "DELETE FROM journal_entries",
-                "ALTER TABLE journal_entries DISABLE TRIGGER ALL"):
-        with engine.begin() as c, pytest.raises(DBAPIError, match="permission denied|must be owner"):
+    for sql in (
+        "UPDATE journal_entries SET kind = 'x'",
+        "DELETE FROM journal_entries",
+        "ALTER TABLE journal_entries DISABLE TRIGGER ALL",
+    ):
+        with (
+            engine.begin() as c,
+            pytest.raises(DBAPIError, match=r"permission denied|must be owner"),
+        ):
             c.execute(text(sql))
 
 
@@ -121,17 +128,32 @@ def test_ingest_is_idempotent_and_refuses_a_reused_event_id(engine) -> None:
 @pytest.mark.parametrize(
     ("make", "line", "field", "text_"),
     [
-        (lambda: [f.job_started(), f.rec("failure", cid="NOPE", job_id="j", failure_class="unplanned", cause="gpu_lost")],
-         2, "contract_id", "unknown contract"),
-        (lambda: [f.job_started(), f.outcome(str(uuid.uuid4()), at=f.later(1))],
-         2, "failure_event_id", "unknown failure"),
+        (
+            lambda: [
+                f.job_started(),
+                f.rec(
+                    "failure", cid="NOPE", job_id="j", failure_class="unplanned", cause="gpu_lost"
+                ),
+            ],
+            2,
+            "contract_id",
+            "unknown contract",
+        ),
+        (
+            lambda: [f.job_started(), f.outcome(str(uuid.uuid4()), at=f.later(1))],
+            2,
+            "failure_event_id",
+            "unknown failure",
+        ),
         (lambda: [f.rec("job_finished", job_id="never", step=3)], 1, "job_id", "not running"),
         (lambda: [f.job_started(), f.job_started(at=f.later(5))], 2, "job_id", "already running"),
     ],
 )
 def test_a_batch_with_a_refused_record_writes_nothing(engine, make, line, field, text_) -> None:
     _setup_contracts(engine, "C-1")
-    before = {t: _count(engine, t) for t in ("journal_entries", "merkle_nodes", "job_spans", "failures")}
+    before = {
+        t: _count(engine, t) for t in ("journal_entries", "merkle_nodes", "job_spans", "failures")
+    }
     with pytest.raises(IngestRefused) as exc:
         _ingest(engine, make())
     errors = exc.value.errors
@@ -163,10 +185,12 @@ def test_eight_concurrent_writers_leave_no_gap_and_no_fork(engine, db_url, signe
             barrier.wait()
             for batch in range(5):
                 cid = "C-1" if (n + batch) % 3 else "C-2"
-                recs = [f.failure(cid=cid, job=f"w{n}", at=f.later(n * 100 + batch * 10 + i))
-                        for i in range(20)]
+                recs = [
+                    f.failure(cid=cid, job=f"w{n}", at=f.later(n * 100 + batch * 10 + i))
+                    for i in range(20)
+                ]
                 _ingest(eng, recs)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             eng.dispose()
@@ -179,9 +203,15 @@ def test_eight_concurrent_writers_leave_no_gap_and_no_fork(engine, db_url, signe
     assert not errors, errors
     with Session(engine) as s:
         for log_id, size in s.execute(select(LedgerLog.log_id, LedgerLog.size)).all():
-            seqs = s.execute(
-                select(JournalEntry.seq).where(JournalEntry.log_id == log_id).order_by(JournalEntry.seq)
-            ).scalars().all()
+            seqs = (
+                s.execute(
+                    select(JournalEntry.seq)
+                    .where(JournalEntry.log_id == log_id)
+                    .order_by(JournalEntry.seq)
+                )
+                .scalars()
+                .all()
+            )
             assert seqs == list(range(size))
         assert s.execute(select(func.sum(LedgerLog.size))).scalar() == 2 + 8 * 5 * 20
         sign_all(s, signer, "test.example/log")
@@ -201,16 +231,22 @@ def _tamper(owner_engine, table: str, sql: str) -> None:
     ("sql", "needle"),
     [
         # An edited queryable column: the hash still matches the bytes, but the column lies.
-        ("UPDATE journal_entries SET occurred_at = occurred_at + interval '1 year' WHERE seq = 3",
-         "columns"),
+        (
+            "UPDATE journal_entries SET occurred_at = occurred_at + interval '1 year' WHERE seq = 3",
+            "columns",
+        ),
         # Edited bytes: the leaf hash no longer matches.
-        ("UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8') WHERE seq = 3",
-         "leaf hash"),
+        (
+            "UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8') WHERE seq = 3",
+            "leaf hash",
+        ),
         # Bytes and leaf hash both rewritten: the stored tree no longer matches.
-        ("UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8'), "
-         "leaf_hash = sha256('\\x00'::bytea || convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8')) "
-         "WHERE seq = 3",
-         "Merkle node"),
+        (
+            "UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8'), "
+            "leaf_hash = sha256('\\x00'::bytea || convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8')) "
+            "WHERE seq = 3",
+            "Merkle node",
+        ),
     ],
 )
 def test_verify_names_the_first_edited_entry(engine, owner_engine, signer, sql, needle) -> None:
@@ -236,7 +272,11 @@ def test_a_tampered_tree_is_not_signed_again(engine, owner_engine, signer) -> No
     _ingest(engine, [f.failure(at=f.later(i)) for i in range(4)])
     with unit_of_work(engine) as s:
         sign_all(s, signer, "test.example/log")
-    _tamper(owner_engine, "merkle_nodes", "UPDATE merkle_nodes SET hash = sha256('evil') WHERE level = 2 AND idx = 0")
+    _tamper(
+        owner_engine,
+        "merkle_nodes",
+        "UPDATE merkle_nodes SET hash = sha256('evil') WHERE level = 2 AND idx = 0",
+    )
     _ingest(engine, [f.failure(at=f.later(10))])
     with unit_of_work(engine) as s, pytest.raises(CheckpointRefused, match="not consistent"):
         sign_all(s, signer, "test.example/log")
@@ -257,15 +297,23 @@ def test_rebuild_reproduces_the_live_projections(engine) -> None:
     _setup_contracts(engine, "C-1", "C-2")
     fails = [f.failure(cid=c, at=f.later(i)) for i, c in enumerate(["C-1", "C-2", "C-1", "C-1"])]
     _ingest(engine, [f.job_started(), f.job_started(cid="C-2"), *fails])
-    _ingest(engine, [
-        f.outcome(fails[0]["event_id"], "rolled_back", 40, at=f.later(30)),
-        f.outcome(fails[0]["event_id"], at=f.later(40)),
-        f.outcome(fails[1]["event_id"], cid="C-2", at=f.later(41)),
-        f.rec("exclusion", failure_event_id=fails[2]["event_id"], reason="customer bug",
-              approved_by="ops", at=f.later(50)),
-        f.rec("job_finished", job_id="j1", step=100, at=f.later(60)),
-        f.rec("job_started", job_id="j1", gpus=16, at=f.later(70)),
-    ])
+    _ingest(
+        engine,
+        [
+            f.outcome(fails[0]["event_id"], "rolled_back", 40, at=f.later(30)),
+            f.outcome(fails[0]["event_id"], at=f.later(40)),
+            f.outcome(fails[1]["event_id"], cid="C-2", at=f.later(41)),
+            f.rec(
+                "exclusion",
+                failure_event_id=fails[2]["event_id"],
+                reason="customer bug",
+                approved_by="ops",
+                at=f.later(50),
+            ),
+            f.rec("job_finished", job_id="j1", step=100, at=f.later(60)),
+            f.rec("job_started", job_id="j1", gpus=16, at=f.later(70)),
+        ],
+    )
     with unit_of_work(engine) as s:
         live = projections.snapshot(s)
         n = projections.rebuild(s, batch=3)
@@ -282,9 +330,14 @@ def test_tree_nodes_in_the_database_match_the_reference(engine) -> None:
     for size in (1, 2, 5):
         _ingest(engine, [f.failure(at=f.later(i)) for i in range(size)])
     with Session(engine) as s:
-        leaves = [bytes(h) for h in s.execute(
-            select(JournalEntry.leaf_hash).where(JournalEntry.log_id == "C-1").order_by(JournalEntry.seq)
-        ).scalars()]
+        leaves = [
+            bytes(h)
+            for h in s.execute(
+                select(JournalEntry.leaf_hash)
+                .where(JournalEntry.log_id == "C-1")
+                .order_by(JournalEntry.seq)
+            ).scalars()
+        ]
         assert len(leaves) == 9
         for n in range(1, 10):
             assert tree.root(s, "C-1", n) == merkle.reference_root(leaves[:n])
@@ -298,7 +351,7 @@ def test_the_queryable_body_is_generated_from_the_hashed_bytes(engine, owner_eng
     _ingest(engine, [f.failure()])
     with owner_engine.begin() as c:
         c.execute(text("ALTER TABLE journal_entries DISABLE TRIGGER journal_entries_append_only"))
-        with pytest.raises(DBAPIError, match="generated column|can only be updated to DEFAULT"):
+        with pytest.raises(DBAPIError, match=r"generated column|can only be updated to DEFAULT"):
             c.execute(text("UPDATE journal_entries SET body = '{}'::jsonb WHERE seq = 1"))
     with engine.connect() as c:
         body = c.execute(text("SELECT body FROM journal_entries WHERE seq = 1")).scalar_one()
