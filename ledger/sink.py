@@ -1,0 +1,69 @@
+"""The ledger as a record sink for the runtime (it implements ``runtime.sink.RecordSink``).
+
+The runtime does not import the ledger: the composition root names
+``yoco.sink:ledger_sink`` in the runtime's sink spec, and the supervisor builds
+the sink in its own process.  ``deliver`` validates a batch exactly like
+``yoco ledger ingest``, appends it in one transaction and returns only after
+the commit: the outbox may then drop the batch.  Records already stored with
+the same content are no-ops, so a retried batch is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.errors import IngestRefused
+from ledger.ingest import IngestResult, index_locator, ingest
+from ledger.projections import Projector
+from ledger.records import validate_batch
+
+
+class LedgerSink:
+    """Delivers runtime records into the ledger; raises (so the outbox retries) on failure.
+
+    A batch the ledger refuses (:class:`~ledger.errors.IngestRefused`) is a
+    permanent error: retrying it cannot succeed, and the exception says which
+    record and field.  Connection errors are transient.
+    """
+
+    def __init__(
+        self, engine_factory: Callable[[], Engine], projectors: Sequence[Projector] = ()
+    ) -> None:
+        self._engine_factory = engine_factory
+        self._engine: Engine | None = None
+        self._projectors = list(projectors)
+        self.delivered = 0
+
+    @property
+    def engine(self) -> Engine:
+        """The engine, created on first delivery (in the process that delivers)."""
+        if self._engine is None:
+            self._engine = self._engine_factory()
+        return self._engine
+
+    def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Validate and append ``records`` in one transaction; return after the commit."""
+        recs, errors = validate_batch([dict(r) for r in records])
+        if errors:
+            raise IngestRefused(errors, "runtime batch")
+        factory = sessionmaker(bind=self.engine)
+        session: Session = factory()
+        try:
+            result: IngestResult = ingest(session, recs, index_locator(), self._projectors)
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+        self.delivered += result.appended
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None

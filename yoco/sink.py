@@ -1,0 +1,26 @@
+"""The factory the runtime's sink spec names: ``yoco.sink:ledger_sink``."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from ledger.sink import LedgerSink
+
+
+def ledger_sink(database_url: str | None = None) -> LedgerSink:
+    """A :class:`LedgerSink` on ``database_url`` (default: the configured database).
+
+    Called inside the runtime's supervisor process: without a URL it attaches to
+    the embedded PostgreSQL like any other ``yoco`` process.
+    """
+    from yoco.app import App, extra_projectors
+    from yoco.database import make_engine
+    from yoco.settings import Settings
+
+    def engine() -> Engine:
+        if database_url:
+            return make_engine(database_url)
+        app = App(Settings())
+        return app.engine
+
+    return LedgerSink(engine, extra_projectors())
