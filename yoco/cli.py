@@ -476,12 +476,21 @@ def demo(
         ),
     ] = 20000,
     seed: Annotated[int, typer.Option(help="Seed of the simulated stream.")] = 7,
+    training: Annotated[
+        bool, typer.Option("--training/--no-training",
+                           help="Also run a real training job under the runtime (needs torch).")
+    ] = True,
 ) -> None:
-    """The whole story on one machine, on the embedded database (simulated events)."""
+    """The whole story on one machine, on the embedded database.
+
+    Contracts, a SIMULATED event stream, a REAL training job under the migration
+    runtime with injected faults, signed checkpoints, verification, an offline
+    proof, and every contract year's figures.
+    """
     from yoco.demo import run_demo
 
     with application(schema=False) as ctx:
-        run_demo(ctx, out, contracts=contracts, records=records, seed=seed)
+        run_demo(ctx, out, contracts=contracts, records=records, seed=seed, training=training)
 
 
 #: Command modules of the other domains; each exposes ``register(app)``.

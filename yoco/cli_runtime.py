@@ -1,13 +1,10 @@
 """``yoco run`` and ``yoco drain``: the command line of the migration runtime.
 
-The lead registers these in the main CLI, e.g.::
-
-    from yoco import cli_runtime
-    cli_runtime.register(app, default_sink=lambda: SinkSpec(target="ledger.sink:LedgerSink",
-                                                             kwargs={...}))
-
-``default_sink`` is the composition root's hook: it returns the :class:`SinkSpec` used
-when ``--sink`` is not given (the spec is built inside the supervisor process).
+Records go to the ledger when ``--contract`` names a contract (the spec
+``yoco.sink:ledger_sink`` is built inside the supervisor process, on
+``DATABASE_URL`` or the embedded PostgreSQL); without a contract they go to
+``RUN_DIR/records.jsonl``; ``--sink`` overrides both.  ``register(app,
+default_sink=...)`` lets a caller replace that choice.
 """
 
 from __future__ import annotations
@@ -27,7 +24,33 @@ from runtime.sink import SinkSpec, parse_sink_spec
 from runtime.supervisor import LaunchConfig, launch
 
 SinkHook = Callable[[], SinkSpec | None]
-_default_sink: SinkHook = lambda: None  # noqa: E731 - replaced by the composition root
+_default_sink: SinkHook | None = None  # None: the ledger for a named contract
+
+
+def _ledger_sink_for(contract: str) -> SinkSpec | None:
+    """The ledger sink for ``contract`` (checked to exist now), or None for ``default``."""
+    if contract == "default":
+        return None
+    from ledger.contracts import get_contract
+    from ledger.errors import UnknownContract
+    from yoco.app import App
+    from yoco.database import unit_of_work
+
+    ctx = App()
+    try:
+        ctx.require_schema()
+        with unit_of_work(ctx.engine) as session:
+            get_contract(session, contract)
+    except UnknownContract:
+        raise ConfigError(
+            f"unknown contract {contract!r}: create it first (yoco contracts add), or "
+            "pass --sink jsonl:PATH to keep the records in a file"
+        ) from None
+    finally:
+        ctx.close()
+    return SinkSpec(
+        target="yoco.sink:ledger_sink", kwargs={"database_url": ctx.settings.database_url}
+    )
 
 
 def set_default_sink(hook: SinkHook) -> None:
@@ -58,8 +81,8 @@ def run(
         help="Folder of run directories (status, logs, outbox, control)."),
     sink: str | None = typer.Option(
         None, "--sink",
-        help="Where records go: jsonl:PATH or module:factory (default: the configured "
-             "ledger, else RUN_DIR/records.jsonl)."),
+        help="Where records go: jsonl:PATH or module:factory (default: the ledger when "
+             "--contract names a contract, else RUN_DIR/records.jsonl)."),
     sink_arg: list[str] = typer.Option(
         [], "--sink-arg", help="KEY=VALUE keyword argument for a module:factory sink."),
     inject: list[str] = typer.Option(
@@ -91,7 +114,13 @@ def run(
     except ValueError:
         raise typer.BadParameter("--sink-arg takes KEY=VALUE") from None
     try:
-        spec = parse_sink_spec(sink, kwargs) if sink else _default_sink()
+        spec: SinkSpec | None
+        if sink:
+            spec = parse_sink_spec(sink, kwargs)
+        elif _default_sink is not None:
+            spec = _default_sink()
+        else:
+            spec = _ledger_sink_for(contract)
         cfg = LaunchConfig(
             script=str(script), args=list(ctx.args), workers=workers, spares=spares,
             contract_id=contract, job_id=job_id, checkpoint_every=checkpoint_every,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -64,7 +65,95 @@ SAMPLE_CONTRACTS: list[dict[str, Any]] = [
 ]
 
 
-def run_demo(ctx: App, console: Console, *, contracts: int, records: int, seed: int) -> None:
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mlp_train.py"
+
+
+def run_training_job(ctx: App, console: Console, contract_id: str) -> None:
+    """Run a REAL training job under the runtime (2 workers, 2 hot spares) into the ledger.
+
+    Faults are injected at chosen steps: a worker SIGKILLed (unplanned), an ECC
+    warning (pre-emptive), a drain (planned) and finally every worker killed at
+    once (rollback to the last checkpoint).  The runtime reports each failure and
+    its outcome through its durable outbox into this ledger.
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        console.print(
+            "[yellow]skipping the training job: torch is not installed "
+            "(pip install torch==2.13.0)[/]"
+        )
+        return
+    if not EXAMPLE.exists():
+        console.print(f"[yellow]skipping the training job: {EXAMPLE} not found[/]")
+        return
+    import tempfile
+
+    from runtime.faults import parse_fault
+    from runtime.sink import SinkSpec
+    from runtime.supervisor import LaunchConfig, launch
+
+    console.rule("[bold]a real training job under the runtime")
+    console.print(
+        f"examples/mlp_train.py on 2 workers + 2 hot spares for contract "
+        f"{contract_id}; injected: kill rank 1 at step 8, ECC warning on rank 0 "
+        "at step 14, drain rank 1 at step 20, kill every worker at step 26 "
+        "(checkpoint every 10 steps)"
+    )
+    faults = [
+        "kill:rank=1:step=8",
+        "warn:rank=0:step=14:signal=ecc_rising",
+        "drain:rank=1:step=20",
+        "killall:step=26",
+    ]
+    runs = Path(tempfile.mkdtemp(prefix="yoco-demo-runs-"))
+    cfg = LaunchConfig(
+        script=str(EXAMPLE),
+        args=["--steps", "32", "--step-sleep", "0.05"],
+        workers=2,
+        spares=1,
+        contract_id=contract_id,
+        checkpoint_every=10,
+        runs_root=str(runs),
+        sink=SinkSpec(target="yoco.sink:ledger_sink", kwargs={"database_url": ctx.database.url}),
+        faults=[parse_fault(f) for f in faults],
+        nvml=False,
+        progress_interval_s=1.0,
+    )
+    t0 = time.perf_counter()
+    result = launch(cfg)
+    state = "finished" if result.exit_code == 0 else "FAILED"
+    console.print(
+        f"job {result.job_id}: {state} at step {result.final_step} in "
+        f"{time.perf_counter() - t0:.1f} s; {len(result.recoveries)} recoveries; "
+        f"records delivered to the ledger: {result.delivered}",
+        highlight=False,
+    )
+    from sqlalchemy import text
+
+    from yoco.database import unit_of_work
+
+    with unit_of_work(ctx.engine) as s:
+        rows = s.execute(
+            text(
+                "SELECT f.failure_class, f.cause, f.step, o.outcome, o.lost_steps, "
+                "o.recovery_seconds FROM failures f "
+                "LEFT JOIN outcomes o ON o.failure_event_id = f.event_id "
+                "WHERE f.job_id = :job ORDER BY f.occurred_at"
+            ),
+            {"job": result.job_id},
+        ).all()
+    for cls, cause, step, outcome, lost, rec in rows:
+        console.print(
+            f"  step {step}: {cls:10s} {cause:16s} → {outcome} "
+            f"(lost steps {lost}, recovery {float(rec):.3f} s)",
+            highlight=False,
+        )
+
+
+def run_demo(
+    ctx: App, console: Console, *, contracts: int, records: int, seed: int, training: bool = True
+) -> None:
     """Run the demo; raises on any failure (the CLI turns that into an exit code)."""
     import json
 
@@ -171,6 +260,11 @@ def run_demo(ctx: App, console: Console, *, contracts: int, records: int, seed: 
                 f"signed head (size {bundle['tree_size']})",
                 highlight=False,
             )
+
+    if training:
+        run_training_job(ctx, console, specs[0].contract_id)
+        with unit_of_work(ctx.engine) as s:
+            sign_all(s, ctx.signer, ctx.settings.log_origin)
 
     now = datetime.now(UTC)
     for spec in specs:
