@@ -1,25 +1,53 @@
-"""SLA figures of a contract year or month, loaded from the ledger's projections.
+"""SLA figures of a contract year or month, and the credit status of a year.
 
-The database work is one query per record type over the period; the figures
-themselves come from the pure functions of :mod:`billing.sla`.
+Figures are computed in the database: one aggregate query over the period's
+failures (each with its latest outcome, its latest reclassification and whether
+an exclusion names it) grouped by class and status, plus the job spans.  The
+totals go through :func:`billing.sla.figures_from_totals`, the same formulas as
+the pure :func:`billing.sla.compute_figures` (a test cross-checks the two on
+randomized data).  :func:`load_period` still returns the plain records, for
+reports that list failures.
+
+Read-only services for other packages: :func:`sla_figures`, :func:`credit_status`,
+:func:`year_status`, :func:`credits_of`.  Services never commit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Text, and_, cast, or_, select
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
+from sqlalchemy.types import Text
 
 from billing import sla
+from billing.amendments import InForce, contract_in_force
 from billing.errors import PeriodOutOfRange
+from billing.models import BillingYear, Credit
+from billing.money import format_minor
 from billing.terms import Terms
 from billing.years import contract_year_bounds, month_bounds, year_of
 from ledger.contracts import get_contract
-from ledger.models import Exclusion, Failure, JobSpan, Outcome
 from ledger.records import ContractSpec
+
+__all__ = [
+    "PeriodRecords",
+    "SlaReport",
+    "check_year",
+    "credit_json",
+    "credit_status",
+    "credits_of",
+    "current_year",
+    "figures_for",
+    "load_period",
+    "sla_figures",
+    "terms_of",
+    "year_status",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +62,11 @@ class PeriodRecords:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlaReport:
-    """A contract, the period asked for, and its figures."""
+    """A contract (as amended for the period), the period asked for, and its figures.
+
+    ``credit`` is None, or the year's credit as ``{amount, minor_units, currency,
+    status, credit_note}`` (see :func:`credit_status`); it is only filled for years.
+    """
 
     contract: ContractSpec
     terms: Terms
@@ -60,7 +92,7 @@ class SlaReport:
 
 
 def terms_of(contract: ContractSpec) -> Terms:
-    """The guarantee terms of ``contract`` as billing's value object."""
+    """The guarantee terms of ``contract`` (as recorded, without amendments)."""
     record = contract.to_record()
     return Terms.from_json(record.get("terms"))
 
@@ -74,73 +106,110 @@ def current_year(contract: ContractSpec, now: datetime) -> int:
 
 
 def check_year(contract: ContractSpec, k: int) -> None:
-    """Refuse a contract year outside 1..term_years."""
-    if not 1 <= k <= contract.term_years:
+    """Refuse a contract year outside 1..term_years (:class:`PeriodOutOfRange`)."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= contract.term_years:
         raise PeriodOutOfRange(
-            f"year {k} is outside contract {contract.contract_id!r}'s term "
+            f"year: {k!r} is outside contract {contract.contract_id!r}'s term "
             f"(years 1 to {contract.term_years})"
         )
 
 
-def _text(column: Any) -> Any:
-    # UUIDs as text from the server: building uuid.UUID objects only to str() them
-    # again was a third of the load time.
-    return cast(column, Text)
+# --------------------------------------------------------------------------- loading
+
+# The failures of the period with their class and cause as (latest) reclassified.
+_FAILURES_CTE = """
+r AS (
+    SELECT DISTINCT ON (rc.failure_event_id) rc.failure_event_id, rc.failure_class, rc.cause
+    FROM billing_reclassifications rc
+    WHERE rc.contract_id = :cid
+    ORDER BY rc.failure_event_id, rc.occurred_at DESC, rc.seq DESC, rc.event_id DESC
+),
+f AS (
+    SELECT fl.event_id, fl.seq, fl.occurred_at, fl.job_id,
+           COALESCE(r.failure_class, fl.failure_class) AS failure_class,
+           COALESCE(r.cause, fl.cause) AS cause
+    FROM failures fl
+    LEFT JOIN r ON r.failure_event_id = fl.event_id
+    WHERE fl.contract_id = :cid AND fl.occurred_at >= :start AND fl.occurred_at < :end
+)"""
+
+# Latest outcome per failure: greatest occurred_at, then seq, then event id (the tie
+# rule of billing.sla.latest_outcomes; uuid order is the order of their text form).
+_AGGREGATE_SQL = text(
+    "WITH"
+    + _FAILURES_CTE
+    + """,
+o AS (
+    SELECT DISTINCT ON (oc.failure_event_id)
+           oc.failure_event_id, oc.outcome, oc.lost_steps,
+           oc.gpus_affected * (oc.recovery_seconds + oc.lost_steps * oc.step_seconds) AS lost
+    FROM outcomes oc JOIN f ON f.event_id = oc.failure_event_id
+    ORDER BY oc.failure_event_id, oc.occurred_at DESC, oc.seq DESC, oc.event_id DESC
+)
+SELECT f.failure_class,
+       CASE
+           WHEN NOT (f.failure_class = ANY(:covered)) THEN 'not_covered'
+           WHEN f.cause = ANY(:excluded)
+                OR EXISTS (SELECT 1 FROM exclusions x WHERE x.failure_event_id = f.event_id)
+               THEN 'excluded'
+           WHEN o.outcome IS NULL THEN 'pending'
+           WHEN o.outcome = 'live_migrated' AND o.lost_steps = 0 THEN 'resolved'
+           WHEN o.outcome = 'rolled_back' THEN 'rolled_back'
+           ELSE 'failed'
+       END AS status,
+       count(*) AS n,
+       COALESCE(sum(o.lost), 0) AS lost
+FROM f LEFT JOIN o ON o.failure_event_id = f.event_id
+GROUP BY 1, 2
+"""
+).bindparams(
+    bindparam("covered", type_=ARRAY(Text)),
+    bindparam("excluded", type_=ARRAY(Text)),
+)
+
+_FAILURES_SQL = text(
+    "WITH" + _FAILURES_CTE + " SELECT f.event_id::text, f.seq, f.occurred_at, f.failure_class, "
+    "f.cause, f.job_id FROM f"
+)
+_OUTCOMES_SQL = text(
+    "WITH"
+    + _FAILURES_CTE
+    + " SELECT oc.event_id::text, oc.failure_event_id::text, oc.seq, oc.occurred_at, "
+    "oc.outcome, oc.lost_steps, oc.recovery_seconds, oc.step_seconds, oc.gpus_affected "
+    "FROM outcomes oc JOIN f ON f.event_id = oc.failure_event_id"
+)
+_EXCLUSIONS_SQL = text(
+    "WITH"
+    + _FAILURES_CTE
+    + " SELECT x.event_id::text, x.failure_event_id::text, x.seq, x.occurred_at, x.reason "
+    "FROM exclusions x JOIN f ON f.event_id = x.failure_event_id"
+)
+_JOBS_SQL = text(
+    "SELECT job_id, gpus, started_at, finished_at FROM job_spans "
+    "WHERE contract_id = :cid AND started_at < :end "
+    "AND (finished_at IS NULL OR finished_at > :start)"
+)
 
 
 def load_period(
     session: Session, contract_id: str, start: datetime, end: datetime
 ) -> PeriodRecords:
-    """Failures of ``[start, end)`` with their outcomes and exclusions, and overlapping jobs."""
-    frows = session.execute(
-        select(
-            Failure.event_id,
-            Failure.seq,
-            Failure.occurred_at,
-            Failure.failure_class,
-            Failure.cause,
-            Failure.job_id,
-        ).where(
-            Failure.contract_id == contract_id,
-            Failure.occurred_at >= start,
-            Failure.occurred_at < end,
-        )
-    ).all()
+    """Failures of ``[start, end)`` with their outcomes and exclusions, and overlapping jobs.
+
+    A failure's class and cause are those of its latest reclassification, if any
+    (disputes resolved by reclassification); ids are returned as text.
+    """
+    params = {"cid": contract_id, "start": start, "end": end}
     failures = [
         sla.Failure(
-            event_id=str(r[0]),
-            seq=r[1],
-            occurred_at=r[2],
-            failure_class=r[3],
-            cause=r[4],
-            job_id=r[5],
+            event_id=r[0], seq=r[1], occurred_at=r[2], failure_class=r[3], cause=r[4], job_id=r[5]
         )
-        for r in frows
+        for r in session.execute(_FAILURES_SQL, params)
     ]
-    in_period = and_(
-        Failure.contract_id == contract_id,
-        Failure.occurred_at >= start,
-        Failure.occurred_at < end,
-    )
-    orows = session.execute(
-        select(
-            Outcome.event_id,
-            Outcome.failure_event_id,
-            Outcome.seq,
-            Outcome.occurred_at,
-            Outcome.outcome,
-            Outcome.lost_steps,
-            Outcome.recovery_seconds,
-            Outcome.step_seconds,
-            Outcome.gpus_affected,
-        )
-        .join(Failure, Failure.event_id == Outcome.failure_event_id)
-        .where(in_period)
-    ).all()
     outcomes = [
         sla.Outcome(
-            event_id=str(r[0]),
-            failure_event_id=str(r[1]),
+            event_id=r[0],
+            failure_event_id=r[1],
             seq=r[2],
             occurred_at=r[3],
             outcome=r[4],
@@ -149,34 +218,42 @@ def load_period(
             step_seconds=r[7],
             gpus_affected=r[8],
         )
-        for r in orows
+        for r in session.execute(_OUTCOMES_SQL, params)
     ]
-    xrows = session.execute(
-        select(
-            Exclusion.event_id,
-            Exclusion.failure_event_id,
-            Exclusion.seq,
-            Exclusion.occurred_at,
-            Exclusion.reason,
-        )
-        .join(Failure, Failure.event_id == Exclusion.failure_event_id)
-        .where(in_period)
-    ).all()
     exclusions = [
-        sla.Exclusion(
-            event_id=str(r[0]), failure_event_id=str(r[1]), seq=r[2], occurred_at=r[3], reason=r[4]
-        )
-        for r in xrows
+        sla.Exclusion(event_id=r[0], failure_event_id=r[1], seq=r[2], occurred_at=r[3], reason=r[4])
+        for r in session.execute(_EXCLUSIONS_SQL, params)
     ]
-    jrows = session.execute(
-        select(JobSpan.job_id, JobSpan.gpus, JobSpan.started_at, JobSpan.finished_at).where(
-            JobSpan.contract_id == contract_id,
-            JobSpan.started_at < end,
-            or_(JobSpan.finished_at.is_(None), JobSpan.finished_at > start),
-        )
-    ).all()
-    jobs = [sla.JobSpan(job_id=r[0], gpus=r[1], started_at=r[2], finished_at=r[3]) for r in jrows]
+    jobs = [
+        sla.JobSpan(job_id=r[0], gpus=r[1], started_at=r[2], finished_at=r[3])
+        for r in session.execute(_JOBS_SQL, params)
+    ]
     return PeriodRecords(failures=failures, outcomes=outcomes, exclusions=exclusions, jobs=jobs)
+
+
+# Allocated GPU-seconds, exact: EXTRACT(EPOCH FROM interval) is numeric (microseconds).
+_ALLOCATED_SQL = text(
+    "SELECT COALESCE(sum(gpus * EXTRACT(EPOCH FROM hi - lo)), 0) FROM ("
+    "  SELECT gpus, GREATEST(started_at, :start) AS lo,"
+    "         LEAST(COALESCE(finished_at, :stop), :stop) AS hi"
+    "  FROM job_spans"
+    "  WHERE contract_id = :cid AND started_at < :stop"
+    "    AND (finished_at IS NULL OR finished_at > :start)"
+    ") spans WHERE hi > lo"
+)
+
+
+def _allocated(
+    session: Session, contract_id: str, start: datetime, end: datetime, now: datetime
+) -> Decimal:
+    stop = min(end, now)
+    if stop <= start:
+        return Decimal(0)
+    total = session.execute(
+        _ALLOCATED_SQL, {"cid": contract_id, "start": start, "stop": stop}
+    ).scalar_one()
+    micros = int(Decimal(total) * 1_000_000)  # exact: intervals have microsecond precision
+    return Decimal(f"{micros}E-6") if micros else Decimal(0)
 
 
 def figures_for(
@@ -185,19 +262,44 @@ def figures_for(
     start: datetime,
     end: datetime,
     now: datetime,
+    terms: Terms | None = None,
 ) -> sla.SlaFigures:
-    """The figures of ``contract`` over ``[start, end)`` as of ``now``."""
-    recs = load_period(session, contract.contract_id, start, end)
-    return sla.compute_figures(
-        terms=terms_of(contract),
+    """The figures of ``contract`` over ``[start, end)`` as of ``now`` (one SQL aggregate).
+
+    ``terms`` default to the contract's recorded terms.  Promises: equal to
+    ``sla.compute_figures`` over :func:`load_period`'s records with the same terms.
+    """
+    terms = terms if terms is not None else terms_of(contract)
+    if end <= start:
+        raise ValueError(
+            f"period_end {end.isoformat()} must be after period_start {start.isoformat()}"
+        )
+    counts: dict[str, int] = {}
+    lost: dict[str, Decimal] = {}
+    for cls, status, n, lost_s in session.execute(
+        _AGGREGATE_SQL,
+        {
+            "cid": contract.contract_id,
+            "start": start,
+            "end": end,
+            "covered": sorted(terms.covered_classes),
+            "excluded": sorted(terms.excluded_causes),
+        },
+    ):
+        counts[status] = counts.get(status, 0) + int(n)
+        lost[cls] = lost.get(cls, Decimal(0)) + Decimal(lost_s)
+    return sla.figures_from_totals(
+        terms=terms,
         period_start=start,
         period_end=end,
         now=now,
-        failures=recs.failures,
-        outcomes=recs.outcomes,
-        exclusions=recs.exclusions,
-        jobs=recs.jobs,
+        counts=counts,
+        lost_by_class=lost,
+        allocated=_allocated(session, contract.contract_id, start, end, now),
     )
+
+
+# --------------------------------------------------------------------------- figures
 
 
 def sla_figures(
@@ -210,25 +312,137 @@ def sla_figures(
 ) -> SlaReport:
     """The figures of contract year ``year`` (default: the current one) or of ``month``.
 
-    A month is a calendar month in the contract's time zone.  Raises
+    A month is a calendar month in the contract's time zone.  The contract and terms
+    are those in force at the start of the year (of the year containing the month's
+    first day), after amendments; a renewal extends the range of valid years.
+    ``credit`` is filled for years (:func:`credit_status`, short form).  Raises
     :class:`~ledger.errors.UnknownContract` or :class:`PeriodOutOfRange`.
     """
     now = now or datetime.now(UTC)
-    contract = get_contract(session, contract_id)
-    terms = terms_of(contract)
+    base = contract_in_force(session, contract_id, 1)
+    contract = base.contract
+    credit: dict[str, Any] | None = None
     if month is not None:
         start, end = month_bounds(month[0], month[1], contract.timezone)
         k = year_of(contract.start_date, contract.timezone, start)
         first, _ = contract_year_bounds(contract.start_date, contract.timezone, 1)
-        _, last = contract_year_bounds(contract.start_date, contract.timezone, contract.term_years)
+        _, last = contract_year_bounds(contract.start_date, contract.timezone, base.term_years)
         if end <= first or start >= last:
             raise PeriodOutOfRange(
                 f"month {month[0]:04d}-{month[1]:02d} is outside contract {contract_id!r}'s "
                 f"term ({first.date().isoformat()} to {last.date().isoformat()})"
             )
+        in_force = _in_force(session, contract_id, k or 1, base)
     else:
         k = current_year(contract, now) if year is None else year
         check_year(contract, k)
         start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
-    figures = figures_for(session, contract, start, end, now)
-    return SlaReport(contract=contract, terms=terms, year=k, month=month, figures=figures)
+        in_force = _in_force(session, contract_id, k, base)
+        status = credit_status(session, contract_id, k)
+        if status is not None:
+            credit = {
+                key: status[key]
+                for key in ("amount", "minor_units", "currency", "status", "credit_note")
+            }
+    figures = figures_for(session, in_force.contract, start, end, now, in_force.terms)
+    return SlaReport(
+        contract=in_force.contract,
+        terms=in_force.terms,
+        year=k,
+        month=month,
+        figures=figures,
+        credit=credit,
+    )
+
+
+def _in_force(session: Session, contract_id: str, k: int, base: InForce) -> InForce:
+    return base if k == 1 else contract_in_force(session, contract_id, k)
+
+
+# --------------------------------------------------------------------------- credits
+
+
+def credit_json(c: Credit) -> dict[str, Any]:
+    """A credit row as plain JSON: money as decimal strings at the currency's exponent
+    and as integer minor units, times as ISO 8601 UTC."""
+    remaining = 0 if c.status == "void" else c.amount_minor - c.applied_minor
+    return {
+        "credit_id": str(c.credit_id),
+        "credit_note": c.credit_note,
+        "contract_id": c.contract_id,
+        "year": c.year,
+        "status": c.status,
+        "currency": c.currency,
+        "amount": format_minor(c.amount_minor, c.currency),
+        "minor_units": c.amount_minor,
+        "base_amount": format_minor(c.base_minor, c.currency),
+        "credit_percent": format(c.credit_percent, "f"),
+        "applied_amount": format_minor(c.applied_minor, c.currency),
+        "applied_minor_units": c.applied_minor,
+        "remaining_amount": format_minor(remaining, c.currency),
+        "remaining_minor_units": remaining,
+        "issued_at": c.issued_at.astimezone(UTC).isoformat(),
+        "voided_at": c.voided_at.astimezone(UTC).isoformat() if c.voided_at else None,
+        "period_start": c.period_start.astimezone(UTC).isoformat(),
+        "period_end": c.period_end.astimezone(UTC).isoformat(),
+    }
+
+
+def credit_status(session: Session, contract_id: str, year: int) -> dict[str, Any] | None:
+    """The credit of contract year ``year``, or None when none was ever issued for it.
+
+    Returns the live credit (issued, partially_applied or applied) when there is one,
+    else the latest void one, as :func:`credit_json`: ``credit_id``, ``credit_note``
+    (``CN-<contract>-Y<k>``), ``status``, ``currency``, ``amount`` (decimal string at the
+    currency's exponent), ``minor_units``, ``applied_amount`` / ``applied_minor_units``,
+    ``remaining_amount`` / ``remaining_minor_units`` (0 when void), ``issued_at``,
+    ``voided_at``, …  Raises :class:`~ledger.errors.UnknownContract` for an unknown
+    contract.  Read-only; cheap (one indexed query).
+    """
+    rows = list(
+        session.execute(
+            select(Credit)
+            .where(Credit.contract_id == contract_id, Credit.year == year)
+            .order_by(Credit.seq.desc())
+        ).scalars()
+    )
+    if not rows:
+        get_contract(session, contract_id)
+        return None
+    live = [c for c in rows if c.status != "void"]
+    return credit_json(live[0] if live else rows[0])
+
+
+def credits_of(session: Session, contract_id: str) -> list[dict[str, Any]]:
+    """Every credit of ``contract_id`` (void ones too), by year then issue order."""
+    get_contract(session, contract_id)
+    return [
+        credit_json(c)
+        for c in session.execute(
+            select(Credit)
+            .where(Credit.contract_id == contract_id)
+            .order_by(Credit.year, Credit.seq)
+        ).scalars()
+    ]
+
+
+def year_status(session: Session, contract_id: str, year: int) -> dict[str, Any] | None:
+    """Whether contract year ``year`` is closed; None when it is not.
+
+    Returns ``{closed: True, closed_at, close_event_id, last_event_id, guarantee_met``
+    (the latest verdict) ``, adjustments, pending_adjustment}``; ``pending_adjustment`` is
+    True when a late record or a resolved dispute arrived after the latest close or
+    adjustment (``yoco billing close-year`` run again adjusts it).
+    """
+    row = session.get(BillingYear, (contract_id, year))
+    if row is None:
+        return None
+    return {
+        "closed": True,
+        "closed_at": row.closed_at.astimezone(UTC).isoformat(),
+        "close_event_id": str(row.close_event_id),
+        "last_event_id": str(row.last_event_id),
+        "guarantee_met": row.guarantee_met,
+        "adjustments": row.adjustments,
+        "pending_adjustment": row.pending_seq is not None,
+    }

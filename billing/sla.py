@@ -13,7 +13,7 @@ JSON strings are rounded once, exactly, from the underlying rational numbers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import (
@@ -50,6 +50,7 @@ __all__ = [
     "compute_figures",
     "decimal_string",
     "failure_rows",
+    "figures_from_totals",
     "is_resolved",
     "latest_exclusions",
     "latest_outcomes",
@@ -586,11 +587,53 @@ def compute_figures(
                 rolled_back += 1
             else:
                 failed += 1
-        lost = sum(lost_by_class.values(), _ZERO)
+    return figures_from_totals(
+        terms=terms,
+        period_start=period_start,
+        period_end=period_end,
+        now=now,
+        counts={
+            FailureStatus.RESOLVED: resolved,
+            FailureStatus.ROLLED_BACK: rolled_back,
+            FailureStatus.FAILED: failed,
+            FailureStatus.PENDING: pending,
+            FailureStatus.EXCLUDED: excluded,
+            FailureStatus.NOT_COVERED: not_covered,
+        },
+        lost_by_class=lost_by_class,
+        allocated=allocated_gpu_seconds(jobs, period_start, period_end, now),
+    )
+
+
+def figures_from_totals(
+    *,
+    terms: Terms,
+    period_start: datetime,
+    period_end: datetime,
+    now: datetime,
+    counts: Mapping[str, int],
+    lost_by_class: Mapping[str, Decimal],
+    allocated: Decimal,
+) -> SlaFigures:
+    """Return the figures of a period from its totals (what :func:`compute_figures` sums).
+
+    ``counts`` maps each :class:`FailureStatus` value to the number of failures with that
+    status (missing keys: 0); ``lost_by_class`` maps failure classes to exact lost
+    GPU-seconds (missing: 0); ``allocated`` is the exact allocated GPU-seconds.  Used by
+    the SQL aggregate of :mod:`billing.services`, so both paths share every formula.
+    """
+    _check_period(period_start, period_end, now)
+    resolved = int(counts.get(FailureStatus.RESOLVED, 0))
+    rolled_back = int(counts.get(FailureStatus.ROLLED_BACK, 0))
+    failed = int(counts.get(FailureStatus.FAILED, 0))
+    pending = int(counts.get(FailureStatus.PENDING, 0))
+    excluded = int(counts.get(FailureStatus.EXCLUDED, 0))
+    not_covered = int(counts.get(FailureStatus.NOT_COVERED, 0))
+    by_class = {c: Decimal(lost_by_class.get(c, _ZERO)) for c in CLASS_ORDER}
+    with localcontext(_EXACT):
+        lost = sum(by_class.values(), _ZERO)
         covered = resolved + rolled_back + failed + pending
         met = resolved * 100 >= covered * terms.threshold_percent
-
-    allocated = allocated_gpu_seconds(jobs, period_start, period_end, now)
     with localcontext(_RATIO):
         rate = None if covered == 0 else Decimal(resolved) / Decimal(covered)
         goodput = Decimal(1) if allocated == 0 else 1 - lost / allocated
@@ -602,7 +645,7 @@ def compute_figures(
         period_end=period_end,
         now=now,
         threshold_percent=terms.threshold_percent,
-        total_failures=len(chosen),
+        total_failures=covered + excluded + not_covered,
         covered_failures=covered,
         resolved_failures=resolved,
         excluded_failures=excluded,
@@ -617,5 +660,5 @@ def compute_figures(
         lost_gpu_seconds=lost,
         lost_gpu_hours=lost_hours,
         goodput=goodput,
-        lost_gpu_seconds_by_class=tuple((c, lost_by_class[c]) for c in CLASS_ORDER),
+        lost_gpu_seconds_by_class=tuple((c, by_class[c]) for c in CLASS_ORDER),
     )

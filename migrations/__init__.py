@@ -15,7 +15,9 @@ HERE = Path(__file__).resolve().parent
 
 def target_metadata() -> MetaData:
     """The metadata of every package's models (imported here, not at import time)."""
+    import billing.models  # noqa: F401
     import ledger.models
+    import web.models  # noqa: F401
 
     return ledger.models.Base.metadata
 

@@ -1,0 +1,471 @@
+"""``yoco billing …``: year close, credits, applications, disputes, amendments, export.
+
+Every write runs in one unit of work: all or nothing.  Refused input exits 2 with
+nothing written (see :func:`yoco.cli.application`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from yoco.cli import application, err, fail, out
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sqlalchemy.orm import Session
+
+    from yoco.app import App
+
+T = TypeVar("T")
+
+billing_app = typer.Typer(
+    help="Billing: contract-year close, renewal credits, disputes, the finance export.",
+    no_args_is_help=True,
+)
+dispute_app = typer.Typer(help="Customer disputes of failure events.", no_args_is_help=True)
+billing_app.add_typer(dispute_app, name="dispute")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``billing`` command group to the ``yoco`` application."""
+    app.add_typer(billing_app, name="billing")
+
+
+def _unit(ctx: App, fn: Callable[[Session], T]) -> T:
+    """Run ``fn`` in one unit of work (commit on success, roll back on error)."""
+    from yoco.database import unit_of_work
+
+    with unit_of_work(ctx.engine) as session:
+        return fn(session)
+
+
+def _date(name: str, value: str | None) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        fail(f"{name} must be a date YYYY-MM-DD, got {value!r}")
+
+
+def _now(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"--now must be ISO 8601 with an offset, got {value!r}")
+    if t.tzinfo is None:
+        fail(f"--now must carry a UTC offset, got {value!r}")
+    return t
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def _print_close(r: Any) -> None:
+    verdict = "met" if r.guarantee_met else "NOT met"
+    fig = r.figures
+    rate = fig["resolution_rate"] or "no covered failures"
+    if r.action == "unchanged":
+        head = f"{r.contract_id} year {r.year}: already closed at {r.closed_at} (no change)"
+    elif r.action == "adjusted":
+        head = f"{r.contract_id} year {r.year}: adjusted"
+    else:
+        head = f"{r.contract_id} year {r.year}: closed"
+    out.print(
+        f"{head} — {fig['resolved_failures']}/{fig['covered_failures']} resolved "
+        f"(rate {rate}, threshold {fig['threshold_percent']}%): guarantee {verdict}",
+        highlight=False,
+    )
+    if r.credit_issued and r.credit:
+        c = r.credit
+        out.print(
+            f"  credit issued: {c['credit_note']} {c['amount']} {c['currency']}", highlight=False
+        )
+    elif r.credit:
+        c = r.credit
+        out.print(
+            f"  credit: {c['credit_note']} {c['amount']} {c['currency']} ({c['status']})",
+            highlight=False,
+        )
+    if r.voided:
+        out.print(f"  credit {r.voided} voided", highlight=False)
+    if r.pending_adjustment:
+        out.print("  pending adjustment: run close-year again to adjust", highlight=False)
+    if r.checkpoint_size:
+        out.print(f"  checkpoint signed at tree size {r.checkpoint_size}", highlight=False)
+
+
+@billing_app.command("close-year")
+def close_year_cmd(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    year: Annotated[int, typer.Option("--year", help="Contract year K (1 = the first).")],
+    now: Annotated[
+        str | None, typer.Option(help="Close time, ISO 8601 with offset (default: now).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Close contract year K: final figures, verdict, credit if missed, signed checkpoint.
+
+    Closing twice reports the first close; a year with a pending adjustment (late
+    records, resolved disputes) is adjusted instead.
+    """
+    from billing.closing import close_year
+
+    at = _now(now)
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: close_year(
+                s,
+                contract_id,
+                year,
+                now=at,
+                signer=ctx.signer,
+                origin_prefix=ctx.settings.log_origin,
+            ),
+        )
+    if as_json:
+        _print_json(r.to_json())
+    else:
+        _print_close(r)
+
+
+@billing_app.command("close-due")
+def close_due_cmd(
+    include_pending: Annotated[
+        bool, typer.Option(help="Also adjust closed years with a pending adjustment.")
+    ] = False,
+    now: Annotated[
+        str | None, typer.Option(help="As of, ISO 8601 with offset (default: now).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Close every contract year that has ended and is not closed yet."""
+    from billing.closing import close_due
+
+    at = _now(now)
+    with application() as ctx:
+        results = _unit(
+            ctx,
+            lambda s: close_due(
+                s,
+                now=at,
+                signer=ctx.signer,
+                origin_prefix=ctx.settings.log_origin,
+                include_pending=include_pending,
+            ),
+        )
+    if as_json:
+        _print_json([r.to_json() for r in results])
+        return
+    if not results:
+        out.print("nothing to close")
+    for r in results:
+        _print_close(r)
+
+
+@billing_app.command("status")
+def status_cmd(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    year: Annotated[int, typer.Option("--year", help="Contract year K.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Whether a contract year is closed (or pending an adjustment), and its credit."""
+    from billing.services import credit_status, year_status
+
+    with application() as ctx:
+        st, cr = _unit(
+            ctx, lambda s: (year_status(s, contract_id, year), credit_status(s, contract_id, year))
+        )
+    if as_json:
+        _print_json({"contract_id": contract_id, "year": year, "close": st, "credit": cr})
+        return
+    if st is None:
+        out.print(f"{contract_id} year {year}: not closed")
+    else:
+        out.print(
+            f"{contract_id} year {year}: closed at {st['closed_at']}, guarantee "
+            f"{'met' if st['guarantee_met'] else 'NOT met'}, {st['adjustments']} adjustment(s)"
+            + (", PENDING ADJUSTMENT" if st["pending_adjustment"] else ""),
+            highlight=False,
+        )
+    if cr:
+        out.print(
+            f"  credit {cr['credit_note']}: {cr['amount']} {cr['currency']} ({cr['status']}), "
+            f"applied {cr['applied_amount']}, remaining {cr['remaining_amount']}",
+            highlight=False,
+        )
+
+
+@billing_app.command("credits")
+def credits_cmd(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """List a contract's credits (void ones too)."""
+    from rich.table import Table
+
+    from billing.services import credits_of
+
+    with application() as ctx:
+        rows = _unit(ctx, lambda s: credits_of(s, contract_id))
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("credit note", "year", "amount", "currency", "status", "applied", "remaining")
+    for c in rows:
+        table.add_row(
+            c["credit_note"],
+            str(c["year"]),
+            c["amount"],
+            c["currency"],
+            c["status"],
+            c["applied_amount"],
+            c["remaining_amount"],
+        )
+    out.print(table)
+
+
+@billing_app.command("apply")
+def apply_cmd(
+    credit: Annotated[str, typer.Argument(help="Credit id or credit-note number (CN-…).")],
+    invoice: Annotated[str, typer.Option(help="Invoice reference.")],
+    invoice_amount: Annotated[str, typer.Option(help="Invoice total, a decimal string.")],
+    applied_on: Annotated[str, typer.Option("--date", help="Date applied, YYYY-MM-DD.")],
+    kind: Annotated[str, typer.Option(help="Invoice kind: renewal or expansion.")] = "renewal",
+    amount: Annotated[
+        str | None,
+        typer.Option(help="Amount to apply (default: as much as the invoice takes)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record that a credit was applied to a renewal or expansion invoice.
+
+    What the invoice cannot take stays on the credit (carried forward).
+    """
+    from billing.credits import apply_credit
+
+    d = _date("--date", applied_on)
+    assert d is not None
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: apply_credit(
+                s,
+                credit,
+                invoice_ref=invoice,
+                invoice_amount=invoice_amount,
+                applied_on=d,
+                invoice_kind=kind,
+                amount=amount,
+            ),
+        )
+    j = r.to_json()
+    if as_json:
+        _print_json(j)
+        return
+    c = j["credit"]
+    out.print(
+        f"{c['credit_note']}: applied {j['applied']} {c['currency']} to {invoice}"
+        + ("" if r.created else " (already recorded)")
+        + f"; remaining {c['remaining_amount']} {c['currency']} ({c['status']})",
+        highlight=False,
+    )
+
+
+@billing_app.command("export")
+def export_cmd(
+    fmt: Annotated[str, typer.Option("--format", help="csv, xlsx or json.")],
+    out_file: Annotated[Path, typer.Option("--out", help="File to write.")],
+    since: Annotated[
+        str | None, typer.Option(help="Only credits issued on or after DATE (UTC).")
+    ] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Only credits with this status (repeat): issued, partially_applied, applied, void."
+        ),
+    ] = None,
+    contract: Annotated[str | None, typer.Option(help="Only this contract.")] = None,
+) -> None:
+    """Write the finance export of credits (one row per credit) and record it in the ledger.
+
+    The same selection over unchanged credits gives the same batch id and identical bytes.
+    """
+    from billing.export import export_credits
+
+    since_d = _date("--since", since)
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: export_credits(s, fmt, since=since_d, statuses=status, contract_id=contract),
+        )
+    out_file.write_bytes(r.data)
+    out.print(
+        f"export {r.batch_id}: {r.row_count} credit(s) → {out_file} (sha256 {r.sha256})",
+        highlight=False,
+    )
+
+
+@billing_app.command("amend")
+def amend_cmd(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    kind: Annotated[str, typer.Option("--type", help="renewal, expansion, value or terms.")],
+    effective: Annotated[str, typer.Option(help="Effective date, YYYY-MM-DD (local).")],
+    annual_value: Annotated[str | None, typer.Option(help="New annual value.")] = None,
+    renewal_value: Annotated[str | None, typer.Option(help="New renewal value.")] = None,
+    term_years: Annotated[int | None, typer.Option(help="New (longer) term, in years.")] = None,
+    threshold_percent: Annotated[str | None, typer.Option(help="New threshold.")] = None,
+    credit_percent: Annotated[str | None, typer.Option(help="New credit percent.")] = None,
+    in_progress: Annotated[
+        bool,
+        typer.Option(
+            "--applies-to-year-in-progress",
+            help="Also govern the contract year containing the effective date.",
+        ),
+    ] = False,
+    amendment_id: Annotated[
+        str | None, typer.Option("--id", help="Your reference (makes a retry a no-op).")
+    ] = None,
+) -> None:
+    """Amend a contract from an effective date (a renewal extends the term)."""
+    from billing.amendments import amend_contract
+
+    eff = _date("--effective", effective)
+    assert eff is not None
+    changes: dict[str, Any] = {}
+    if annual_value is not None:
+        changes["annual_value"] = annual_value
+    if renewal_value is not None:
+        changes["renewal_value"] = renewal_value
+    if term_years is not None:
+        changes["term_years"] = term_years
+    terms: dict[str, Any] = {}
+    if threshold_percent is not None:
+        terms["threshold_percent"] = threshold_percent
+    if credit_percent is not None:
+        terms["credit_percent"] = credit_percent
+    if terms:
+        changes["terms"] = terms
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: amend_contract(
+                s,
+                contract_id,
+                amendment_type=kind,
+                effective_date=eff,
+                changes=changes,
+                applies_to_year_in_progress=in_progress,
+                amendment_id=amendment_id,
+            ),
+        )
+    out.print(
+        f"amendment {r.event_id} of {contract_id}"
+        + (" recorded" if r.created else " already recorded"),
+        highlight=False,
+    )
+
+
+@dispute_app.command("open")
+def dispute_open_cmd(
+    contract_id: Annotated[str, typer.Argument(help="The contract.")],
+    failure_event_id: Annotated[str, typer.Argument(help="The disputed failure event.")],
+    reason: Annotated[str, typer.Option(help="Why the customer disputes it.")],
+    by: Annotated[str, typer.Option(help="Who opens it.")] = "customer",
+) -> None:
+    """Open a dispute of a failure event."""
+    from billing.disputes import open_dispute
+
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: open_dispute(s, contract_id, failure_event_id, reason=reason, opened_by=by),
+        )
+    out.print(f"dispute {r.dispute['dispute_id']} opened", highlight=False)
+
+
+@dispute_app.command("resolve")
+def dispute_resolve_cmd(
+    dispute_id: Annotated[str, typer.Argument(help="The dispute.")],
+    by: Annotated[str, typer.Option(help="The operator deciding.")],
+    note: Annotated[str, typer.Option(help="The decision's reason.")],
+    exclusion: Annotated[
+        bool, typer.Option("--exclusion", help="Resolve by excluding the failure.")
+    ] = False,
+    failure_class: Annotated[
+        str | None, typer.Option("--class", help="Reclassify: the new failure class.")
+    ] = None,
+    cause: Annotated[str | None, typer.Option(help="Reclassify: the new cause.")] = None,
+) -> None:
+    """Resolve a dispute by an exclusion (--exclusion) or a reclassification (--class/--cause)."""
+    from billing.disputes import resolve_dispute
+
+    reclass = failure_class is not None or cause is not None
+    if exclusion == reclass:
+        fail("give either --exclusion or a reclassification (--class and/or --cause)")
+    with application() as ctx:
+        r = _unit(
+            ctx,
+            lambda s: resolve_dispute(
+                s,
+                dispute_id,
+                resolution="exclusion" if exclusion else "reclassification",
+                decided_by=by,
+                note=note,
+                failure_class=failure_class,
+                cause=cause,
+            ),
+        )
+    out.print(f"dispute {dispute_id} resolved by {r.dispute['resolution']}", highlight=False)
+
+
+@dispute_app.command("reject")
+def dispute_reject_cmd(
+    dispute_id: Annotated[str, typer.Argument(help="The dispute.")],
+    by: Annotated[str, typer.Option(help="The operator deciding.")],
+    note: Annotated[str, typer.Option(help="Why it is rejected.")],
+) -> None:
+    """Reject a dispute."""
+    from billing.disputes import reject_dispute
+
+    with application() as ctx:
+        _unit(ctx, lambda s: reject_dispute(s, dispute_id, decided_by=by, note=note))
+    out.print(f"dispute {dispute_id} rejected", highlight=False)
+
+
+@dispute_app.command("list")
+def dispute_list_cmd(
+    contract: Annotated[str | None, typer.Option(help="Only this contract.")] = None,
+    status: Annotated[str | None, typer.Option(help="open, resolved or rejected.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List disputes."""
+    from billing.disputes import list_disputes
+
+    with application() as ctx:
+        rows = _unit(ctx, lambda s: list_disputes(s, contract, status))
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        err.print("no disputes")
+    for d in rows:
+        out.print(
+            f"{d['dispute_id']} {d['contract_id']} failure {d['failure_event_id']} "
+            f"{d['status']}"
+            + (f" ({d['resolution']})" if d["resolution"] else "")
+            + f": {d['reason']}",
+            highlight=False,
+        )
