@@ -1,0 +1,792 @@
+"""Monthly SLA reports: one contract, one calendar month, over one signed checkpoint.
+
+Public API (the CLI and the portal call these; none of them commits):
+
+* :func:`build_monthly_report` — render the report (HTML and PDF), no writes;
+* :func:`issue_monthly_report` — render it and record it in the contract's log as a
+  ``report`` entry holding both SHA-256 digests (idempotent);
+* :func:`prepare_monthly_report` + :func:`finish_report` — the same in two steps, so a
+  batch can render PDFs in other processes (:func:`reports.render.html_to_pdf`);
+* :func:`record_report`, :func:`find_issued`, :func:`contracts_active_in`,
+  :func:`select_checkpoint`, :func:`parse_month`.
+
+The figures are :func:`billing.sla.compute_figures` over the records of entries with
+``seq < checkpoint.tree_size`` (:mod:`reports.data`), as of the checkpoint's signing
+time, so they equal ``yoco sla --month/--year`` whenever the checkpoint covers the whole
+log and the period is over.  Same month + same checkpoint ⇒ same HTML, same PDF bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import inspect
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+from markupsafe import Markup
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from billing import services as billing_services
+from billing import sla
+from billing.money import format_minor, minor_unit_exponent
+from billing.services import terms_of
+from billing.terms import Terms
+from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
+from ledger import journal
+from ledger.canonical import canonical_bytes
+from ledger.checkpoints import latest
+from ledger.contracts import get_contract, list_contracts
+from ledger.models import Checkpoint, JournalEntry
+from ledger.records import ContractSpec
+from reports import charts
+from reports.data import CheckpointRecords, load_at_checkpoint
+from reports.errors import (
+    BadMonth,
+    CheckpointTooOld,
+    MonthOutOfTerm,
+    NoCheckpoint,
+    ReportError,
+    UnknownCheckpoint,
+)
+from reports.render import html_to_pdf, render_template
+
+__all__ = [
+    "REPORT_KIND",
+    "MonthlyReport",
+    "PreparedReport",
+    "RecordedReport",
+    "Verdict",
+    "build_monthly_report",
+    "contracts_active_in",
+    "file_stem",
+    "find_issued",
+    "finish_report",
+    "issue_monthly_report",
+    "parse_month",
+    "prepare_monthly_report",
+    "record_report",
+    "report_entry",
+    "report_event_id",
+    "select_checkpoint",
+]
+
+REPORT_KIND = "report"
+#: Namespace of report entries' event ids (UUID v5 of contract, month, checkpoint, digests).
+REPORT_NAMESPACE = uuid.UUID("0b6f3c0e-4d55-4f4e-9c55-2f1a7c9e5a10")
+TEMPLATE = "monthly.html.j2"
+MONTH_NAMES = (
+    "January", "February", "March", "April", "May", "June", "July", "August",
+    "September", "October", "November", "December",
+)  # fmt: skip
+_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def parse_month(text: str) -> tuple[int, int]:
+    """``"YYYY-MM"`` as ``(year, month)``; :class:`BadMonth` for anything else."""
+    m = _MONTH_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None or not 1 <= int(m.group(2)) <= 12 or int(m.group(1)) < 1:
+        raise BadMonth(f"a month is YYYY-MM (e.g. 2026-03), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _check_month(year: int, month: int) -> None:
+    if (
+        isinstance(year, bool)
+        or isinstance(month, bool)
+        or not isinstance(year, int)
+        or not isinstance(month, int)
+        or not 1 <= month <= 12
+        or not 1 <= year <= 9998
+    ):
+        raise BadMonth(f"a month is a year 1..9998 and a month 1..12, got {year!r}-{month!r}")
+
+
+def select_checkpoint(
+    session: Session, contract_id: str, tree_size: int | None = None
+) -> Checkpoint:
+    """The signed checkpoint of ``contract_id``'s log of size ``tree_size`` (default: latest).
+
+    Raises :class:`NoCheckpoint` when the log has none and :class:`UnknownCheckpoint`
+    (listing the signed sizes) when none has that size.
+    """
+    if tree_size is None:
+        cp = latest(session, contract_id)
+        if cp is None:
+            raise NoCheckpoint(
+                f"contract {contract_id!r} has no signed checkpoint yet: a report rests on "
+                "one, so run `yoco ledger checkpoint` first"
+            )
+        return cp
+    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 1:
+        raise UnknownCheckpoint(f"a checkpoint is named by its tree size (> 0), got {tree_size!r}")
+    cp = session.execute(
+        select(Checkpoint).where(
+            Checkpoint.log_id == contract_id, Checkpoint.tree_size == tree_size
+        )
+    ).scalar_one_or_none()
+    if cp is None:
+        sizes = session.execute(
+            select(Checkpoint.tree_size)
+            .where(Checkpoint.log_id == contract_id)
+            .order_by(Checkpoint.tree_size)
+        ).scalars()
+        listed = ", ".join(str(s) for s in sizes) or "none"
+        raise UnknownCheckpoint(
+            f"contract {contract_id!r} has no signed checkpoint of tree size {tree_size} "
+            f"(signed sizes: {listed})"
+        )
+    return cp
+
+
+def _in_force(session: Session, contract_id: str, k: int) -> tuple[ContractSpec, Terms, int]:
+    """The contract, terms and term length in force for contract year ``k``: after
+    billing's amendments where billing records them (as ``yoco sla`` uses), else as
+    recorded."""
+    try:
+        from billing.amendments import contract_in_force
+    except ImportError:  # pragma: no cover - billing without amendments
+        contract = get_contract(session, contract_id)
+        return contract, terms_of(contract), contract.term_years
+    f = contract_in_force(session, contract_id, k)
+    return f.contract, f.terms, f.term_years
+
+
+def contracts_active_in(session: Session, year: int, month: int) -> list[str]:
+    """Ids of the contracts whose term overlaps calendar month ``year-month`` (in each
+    contract's own time zone), sorted."""
+    _check_month(year, month)
+    active = []
+    for row in list_contracts(session):
+        start, end = month_bounds(year, month, row.timezone)
+        first, _ = contract_year_bounds(row.start_date, row.timezone, 1)
+        term_years = _in_force(session, row.contract_id, 1)[2]  # renewals extend the term
+        _, last = contract_year_bounds(row.start_date, row.timezone, term_years)
+        if end > first and start < last:
+            active.append(row.contract_id)
+    return active
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Where the guarantee stands for a period: ``met``, ``at risk`` or ``missed``.
+
+    * missed: resolved × 100 < covered × threshold (for a period still running: so far);
+    * at risk: met, the period is still running, and one more unresolved covered failure
+      would bring it below the threshold;
+    * met: otherwise (including no covered failure at all).
+    """
+
+    word: str
+    css: str
+    text: str
+
+
+def verdict(resolved: int, covered: int, threshold: Decimal, closed: bool) -> Verdict:
+    """The :class:`Verdict` of ``resolved`` of ``covered`` against ``threshold`` percent."""
+    thr = format(threshold, "f")
+    if covered == 0:
+        return Verdict("met", "met", "no covered failures")
+    if resolved * 100 < covered * threshold:
+        if closed:
+            return Verdict("missed", "missed", f"below the guaranteed {thr} %")
+        return Verdict(
+            "missed", "missed", f"below the guaranteed {thr} % so far; the period is still open"
+        )
+    if not closed and resolved * 100 < (covered + 1) * threshold:
+        return Verdict(
+            "at risk",
+            "risk",
+            f"at or above {thr} % now, but one more unresolved failure would bring it below",
+        )
+    so_far = "" if closed else " so far"
+    return Verdict("met", "met", f"at or above the guaranteed {thr} %{so_far}")
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _utc(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat()
+
+
+def _utc_short(dt: datetime) -> str:
+    d = dt.astimezone(UTC)
+    s = d.strftime("%Y-%m-%d %H:%M:%S")
+    if d.microsecond:
+        s += f".{d.microsecond:06d}".rstrip("0")
+    return s
+
+
+def _long_date(d: date) -> str:
+    return f"{d.day} {MONTH_NAMES[d.month - 1]} {d.year}"
+
+
+def _hours(seconds: Decimal) -> str:
+    return sla.decimal_string(Fraction(seconds) / 3600)
+
+
+def _rate(resolved: int, covered: int) -> str:
+    if covered == 0:
+        return "no covered failures"
+    return f"{sla.decimal_string(Fraction(resolved * 100, covered), 2)}% ({resolved} of {covered})"
+
+
+def _goodput(figs: sla.SlaFigures) -> str:
+    allocated = Fraction(figs.allocated_gpu_seconds)
+    g = Fraction(1) if allocated == 0 else 1 - Fraction(figs.lost_gpu_seconds) / allocated
+    six = sla.decimal_string(g)
+    pct = sla.decimal_string(Fraction(Decimal(six)) * 100, 4)
+    return f"{six} ({pct} %)"
+
+
+def _round_half_up(value: Fraction) -> int:
+    q, r = divmod(abs(value.numerator), value.denominator)
+    if 2 * r >= value.denominator:
+        q += 1
+    return q if value >= 0 else -q
+
+
+def _grouped(amount: str) -> str:
+    neg = amount.startswith("-")
+    whole, _, frac = amount.lstrip("-").partition(".")
+    out = f"{int(whole):,}" + (f".{frac}" if frac else "")
+    return ("-" if neg else "") + out
+
+
+def _money(amount: Decimal, currency: str) -> str:
+    return f"{_grouped(format(amount, 'f'))} {currency}"
+
+
+def _cost(seconds: Decimal, price: Decimal | None, currency: str) -> str | None:
+    if price is None:
+        return None
+    exp = minor_unit_exponent(currency)
+    minor = _round_half_up(Fraction(seconds) * Fraction(price) / 3600 * 10**exp)
+    return f"{_grouped(format_minor(minor, currency))} {currency}"
+
+
+def _plain(d: Decimal) -> str:
+    s = format(d, "f")
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return s or "0"
+
+
+def file_stem(contract_id: str, year: int, month: int) -> str:
+    """The file name (without extension) of a report: safe on every file system."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", contract_id)
+    return f"yoco-sla-{safe}-{year:04d}-{month:02d}"
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedReport:
+    """A report's HTML and what it was computed from, before the PDF is rendered."""
+
+    contract_id: str
+    customer: str
+    year: int
+    month: int
+    contract_year: int
+    period_start: datetime
+    period_end: datetime
+    as_of: datetime
+    checkpoint_size: int
+    checkpoint_root: str
+    checkpoint_note: str
+    figures: sla.SlaFigures
+    year_to_date: sla.SlaFigures
+    rows: tuple[sla.FailureRow, ...]
+    credit: dict[str, Any] | None
+    html: str
+
+    @property
+    def month_label(self) -> str:
+        """``YYYY-MM``."""
+        return f"{self.year:04d}-{self.month:02d}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonthlyReport(PreparedReport):
+    """A rendered report: its HTML and PDF and their SHA-256 digests (lower-case hex)."""
+
+    pdf: bytes
+    html_sha256: str
+    pdf_sha256: str
+
+    @property
+    def html_bytes(self) -> bytes:
+        """The HTML as written to disk (UTF-8): the bytes ``html_sha256`` is the digest of."""
+        return self.html.encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedReport:
+    """Where a report's ledger entry stands; ``created`` False: it was already recorded."""
+
+    event_id: uuid.UUID
+    seq: int
+    created: bool
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def _credit_status(
+    session: Session, contract_id: str, k: int, tree_size: int
+) -> dict[str, Any] | None:
+    fn = getattr(billing_services, "credit_status", None)
+    if fn is None:
+        return None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        params = {}  # type: ignore[assignment]
+    if "tree_size" in params:
+        result = fn(session, contract_id, k, tree_size=tree_size)
+    else:
+        result = fn(session, contract_id, k)
+    return dict(result) if result else None
+
+
+def _last_day(year: int, month: int) -> date:
+    after = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
+    return date.fromordinal(after.toordinal() - 1)
+
+
+def _months(first: date, last: tuple[int, int]) -> list[tuple[int, int]]:
+    y, m = first.year, first.month
+    out = []
+    while (y, m) <= last:
+        out.append((y, m))
+        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
+    return out
+
+
+def _figures(
+    terms: Terms, start: datetime, end: datetime, now: datetime, recs: CheckpointRecords
+) -> sla.SlaFigures:
+    r = recs.records
+    return sla.compute_figures(
+        terms=terms,
+        period_start=start,
+        period_end=end,
+        now=now,
+        failures=r.failures,
+        outcomes=r.outcomes,
+        exclusions=r.exclusions,
+        jobs=r.jobs,
+    )
+
+
+_STATUS_TEXT = {
+    "resolved": "live-migrated",
+    "rolled_back": "rolled back",
+    "failed": "failed",
+    "pending": "pending",
+    "excluded": "excluded",
+    "not_covered": "not covered",
+}
+
+
+def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]:
+    f = row.failure
+    d = recs.details.get(f.event_id)
+    o = row.outcome
+    where = [d.node or "—", f"GPU {d.gpu}" if d.gpu is not None else "GPU —"] if d else ["—"]
+    if d is not None and not d.node and d.gpu is None:
+        where = ["—"]
+    notes = []
+    if row.status is sla.FailureStatus.EXCLUDED:
+        if row.excluded_by == "exclusion":
+            who = recs.approved_by.get(f.event_id)
+            notes.append(f"excluded: {row.reason}" + (f" (approved by {who})" if who else ""))
+        else:
+            notes.append(f"excluded cause: {row.reason}")
+    elif row.status is sla.FailureStatus.NOT_COVERED:
+        notes.append(f"class {f.failure_class} is not covered")
+    if row.status in (sla.FailureStatus.EXCLUDED, sla.FailureStatus.NOT_COVERED):
+        notes.append("outcome: " + (_STATUS_TEXT.get(o.outcome, o.outcome) if o else "pending"))
+    fix = recs.reclassified.get(f.event_id)
+    if fix is not None:
+        notes.append(f"reclassified after a dispute (recorded as {fix[0]} / {fix[1]}): {fix[2]}")
+    n = recs.outcome_counts.get(f.event_id, 0)
+    if n > 1:
+        notes.append(f"corrected: latest of {n} outcomes counts")
+    return {
+        "n": i,
+        "time": _utc_short(f.occurred_at),
+        "event_id": f.event_id,
+        "job": f.job_id,
+        "failure_class": f.failure_class,
+        "cause": f.cause,
+        "where": where,
+        "status": row.status.value,
+        "status_text": _STATUS_TEXT[row.status.value],
+        "notes": notes,
+        "lost_steps": str(o.lost_steps) if o else "—",
+        "recovery": _plain(o.recovery_seconds) if o else "—",
+        "lost_hours": _hours(row.lost_gpu_seconds) if o else "—",
+    }
+
+
+def prepare_monthly_report(
+    session: Session,
+    contract_id: str,
+    year: int,
+    month: int,
+    checkpoint_size: int | None = None,
+) -> PreparedReport:
+    """Compute the month's figures over one signed checkpoint and render the HTML.
+
+    Reads only; never writes.  Raises :class:`~ledger.errors.UnknownContract`,
+    :class:`BadMonth`, :class:`MonthOutOfTerm`, :class:`NoCheckpoint`,
+    :class:`UnknownCheckpoint` or :class:`CheckpointTooOld` (all ValueErrors).
+    """
+    _check_month(year, month)
+    contract, terms, term_years = _in_force(session, contract_id, 1)
+    tz = contract.timezone
+    m_start, m_end = month_bounds(year, month, tz)
+    first, _ = contract_year_bounds(contract.start_date, tz, 1)
+    _, last = contract_year_bounds(contract.start_date, tz, term_years)
+    if m_end <= first or m_start >= last:
+        raise MonthOutOfTerm(
+            f"month {year:04d}-{month:02d} is outside contract {contract_id!r}'s term "
+            f"({first.date().isoformat()} to {last.date().isoformat()})"
+        )
+    cp = select_checkpoint(session, contract_id, checkpoint_size)
+    as_of: datetime = cp.signed_at
+    if as_of <= m_start:
+        raise CheckpointTooOld(
+            f"checkpoint {cp.tree_size} of {contract_id!r} was signed at {_utc(as_of)}, "
+            f"before {year:04d}-{month:02d} began: sign a newer one (`yoco ledger checkpoint`)"
+        )
+    k = year_of(contract.start_date, tz, m_start) or 1
+    k = min(k, term_years)
+    if k != 1:
+        contract, terms, _ = _in_force(session, contract_id, k)
+    y_start, y_end = contract_year_bounds(contract.start_date, tz, k)
+    ytd_end = min(m_end, y_end)
+    recs = load_at_checkpoint(session, contract_id, min(y_start, m_start), m_end, cp.tree_size)
+
+    figs = _figures(terms, m_start, m_end, as_of, recs)
+    ytd = _figures(terms, y_start, ytd_end, as_of, recs)
+    r = recs.records
+    rows = sla.failure_rows(
+        terms=terms,
+        period_start=m_start,
+        period_end=m_end,
+        failures=r.failures,
+        outcomes=r.outcomes,
+        exclusions=r.exclusions,
+    )
+
+    # Charts: every calendar month of the contract year up to this one.
+    y_first_date, y_end_date = contract_year_dates(contract.start_date, k)
+    rate_points: list[charts.MonthRate] = []
+    lost_by_month: list[dict[str, Decimal]] = []
+    labels: list[str] = []
+    cum_r = cum_c = 0
+    for cy, cm in _months(y_first_date, (year, month)):
+        s, e = month_bounds(cy, cm, tz)
+        s, e = max(s, y_start), min(e, ytd_end)
+        if e <= s:
+            continue
+        f = _figures(terms, s, e, as_of, recs)
+        cum_r += f.resolved_failures
+        cum_c += f.covered_failures
+        label = f"{MONTH_NAMES[cm - 1][:3]} {cy % 100:02d}"
+        labels.append(label)
+        rate_points.append(
+            charts.MonthRate(label, f.resolved_failures, f.covered_failures, cum_r, cum_c)
+        )
+        lost_by_month.append(f.lost_by_class())
+    buckets: list[dict[str, int]] = [{} for _ in charts.RECOVERY_BUCKETS]
+    for row in rows:
+        if row.outcome is not None:
+            b = buckets[charts.recovery_bucket(row.outcome.recovery_seconds)]
+            b[row.outcome.outcome] = b.get(row.outcome.outcome, 0) + 1
+    with_outcome = sum(1 for row in rows if row.outcome is not None)
+
+    credit = _credit_status(session, contract_id, k, cp.tree_size)
+    root_b64 = base64.b64encode(bytes(cp.root_hash)).decode()
+    closed_month = m_end <= as_of
+    closed_year = y_end <= as_of and ytd_end == y_end
+    price = contract.gpu_hour_price
+    cur = contract.currency
+
+    def column(fg: sla.SlaFigures, closed: bool) -> dict[str, Any]:
+        return {
+            "covered": fg.covered_failures,
+            "resolved": fg.resolved_failures,
+            "rolled_back": fg.rolled_back_failures,
+            "failed": fg.failed_failures,
+            "pending": fg.pending_failures,
+            "excluded": fg.excluded_failures,
+            "not_covered": fg.not_covered_failures,
+            "total": fg.total_failures,
+            "rate": _rate(fg.resolved_failures, fg.covered_failures),
+            "verdict": verdict(
+                fg.resolved_failures, fg.covered_failures, terms.threshold_percent, closed
+            ),
+            "allocated": _hours(fg.allocated_gpu_seconds),
+            "lost": _hours(fg.lost_gpu_seconds),
+            "lost_cost": _cost(fg.lost_gpu_seconds, price, cur),
+            "goodput": _goodput(fg),
+            "start": _utc(fg.period_start),
+            "end": _utc(fg.period_end),
+        }
+
+    credit_text = "no credit"
+    if credit:
+        amount = credit.get("amount")
+        if amount is None and credit.get("minor_units") is not None:
+            amount = format_minor(int(credit["minor_units"]), cur)
+        credit_text = f"{amount} {credit.get('currency') or cur}"
+        if credit.get("status"):
+            credit_text += f" ({credit['status']})"
+    elif closed_year and not ytd.guarantee_met:
+        credit_text = "none recorded yet: the credit is issued at the year close"
+
+    key_line = cp.key_id
+    note_lines = cp.note.split("\n\n", 1)
+    context = {
+        "title": f"Monthly SLA report — {contract.customer} — {MONTH_NAMES[month - 1]} {year}",
+        "created_w3c": as_of.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "customer": contract.customer,
+        "contract_id": contract_id,
+        "month_name": f"{MONTH_NAMES[month - 1]} {year}",
+        "month": f"{year:04d}-{month:02d}",
+        "tz": tz,
+        "period_start_utc": _utc(m_start),
+        "period_end_utc": _utc(m_end),
+        "period_first_day": _long_date(date(year, month, 1)),
+        "period_last_day": _long_date(_last_day(year, month)),
+        "k": k,
+        "year_start_utc": _utc(y_start),
+        "year_end_utc": _utc(y_end),
+        "year_first_day": _long_date(y_first_date),
+        "year_last_day": _long_date(date.fromordinal(y_end_date.toordinal() - 1)),
+        "ytd_end_utc": _utc(ytd_end),
+        "month_spans_years": m_end > y_end or m_start < y_start,
+        "closed_month": closed_month,
+        "closed_year": closed_year,
+        "as_of_utc": _utc(as_of),
+        "contract": {
+            "start": _long_date(contract.start_date),
+            "term_years": contract.term_years,
+            "currency": cur,
+            "annual_value": _money(contract.annual_value, cur),
+            "credit_base": _money(contract.credit_base, cur),
+            "renewal_value_set": contract.renewal_value is not None,
+            "gpu_hour_price": _money(price, cur) if price is not None else None,
+            "threshold": format(terms.threshold_percent, "f"),
+            "credit_percent": format(terms.credit_percent, "f"),
+            "covered_classes": ", ".join(c for c in sla.CLASS_ORDER if c in terms.covered_classes)
+            or "none",
+            "excluded_causes": ", ".join(sorted(terms.excluded_causes)) or "none",
+        },
+        "m": column(figs, closed_month),
+        "y": column(ytd, closed_year),
+        "has_price": price is not None,
+        "credit_text": credit_text,
+        "credit_note": (credit or {}).get("credit_note"),
+        # The charts escape every text they draw: their SVG is safe to insert as is.
+        "rate_chart": Markup(charts.rate_chart(rate_points, terms.threshold_percent)),  # noqa: S704
+        "lost_chart": Markup(charts.lost_hours_chart(labels, lost_by_month)),  # noqa: S704
+        "recovery_chart": (
+            Markup(charts.recovery_chart(buckets)) if with_outcome else None  # noqa: S704
+        ),
+        "rows": [_row(i + 1, row, recs) for i, row in enumerate(rows)],
+        "adjustments": [
+            _row(i + 1, row, recs)
+            for i, row in enumerate(rows)
+            if row.excluded_by == "exclusion"
+            or row.failure.event_id in recs.reclassified
+            or recs.outcome_counts.get(row.failure.event_id, 0) > 1
+        ],
+        "checkpoint": {
+            "size": cp.tree_size,
+            "root_b64": root_b64,
+            "root_hex": bytes(cp.root_hash).hex(),
+            "origin": cp.origin,
+            "note": cp.note,
+            "note_text": note_lines[0],
+            "signed_at": _utc(as_of),
+            "verifier_key": key_line,
+            "last_seq": cp.tree_size - 1,
+        },
+        "example_event": rows[0].failure.event_id if rows else None,
+    }
+    html = render_template(TEMPLATE, context)
+    return PreparedReport(
+        contract_id=contract_id,
+        customer=contract.customer,
+        year=year,
+        month=month,
+        contract_year=k,
+        period_start=m_start,
+        period_end=m_end,
+        as_of=as_of,
+        checkpoint_size=cp.tree_size,
+        checkpoint_root=root_b64,
+        checkpoint_note=cp.note,
+        figures=figs,
+        year_to_date=ytd,
+        rows=rows,
+        credit=credit,
+        html=html,
+    )
+
+
+def finish_report(prepared: PreparedReport, pdf: bytes | None = None) -> MonthlyReport:
+    """Attach the PDF (rendered here from the HTML unless given) and both SHA-256 digests."""
+    if pdf is None:
+        pdf = html_to_pdf(prepared.html)
+    values = {name: getattr(prepared, name) for name in PreparedReport.__dataclass_fields__}
+    return MonthlyReport(
+        **values,
+        pdf=pdf,
+        html_sha256=hashlib.sha256(prepared.html.encode("utf-8")).hexdigest(),
+        pdf_sha256=hashlib.sha256(pdf).hexdigest(),
+    )
+
+
+def build_monthly_report(
+    session: Session,
+    contract_id: str,
+    year: int,
+    month: int,
+    checkpoint_size: int | None = None,
+) -> MonthlyReport:
+    """The monthly report of ``contract_id`` for ``year-month`` over one signed checkpoint
+    (default: the latest), as HTML and PDF with their SHA-256 digests.  Rendering only:
+    nothing is written.  Same arguments and same checkpoint ⇒ identical HTML and PDF.
+    Raises the errors of :func:`prepare_monthly_report`.
+    """
+    return finish_report(prepare_monthly_report(session, contract_id, year, month, checkpoint_size))
+
+
+def report_event_id(report: MonthlyReport) -> uuid.UUID:
+    """The deterministic event id of ``report``'s ledger entry (UUID v5 of the contract,
+    month, checkpoint size and both digests): the same report always gets the same id."""
+    name = (
+        f"report:monthly:{report.contract_id}:{report.month_label}:{report.checkpoint_size}:"
+        f"{report.html_sha256}:{report.pdf_sha256}"
+    )
+    return uuid.uuid5(REPORT_NAMESPACE, name)
+
+
+def report_entry(report: MonthlyReport) -> journal.NewEntry:
+    """The ``report`` journal entry of ``report``.
+
+    Its body carries ``kind``, ``event_id``, ``contract_id``, ``occurred_at`` (the
+    report's as-of instant: the checkpoint's signing time, so it does not change when
+    the same report is issued again), ``report`` (``"monthly-sla"``), ``month``,
+    ``checkpoint_tree_size``, ``checkpoint_root_hash`` (base64, as in the note),
+    ``html_sha256`` and ``pdf_sha256``.
+    """
+    event_id = report_event_id(report)
+    body = {
+        "kind": REPORT_KIND,
+        "event_id": str(event_id),
+        "contract_id": report.contract_id,
+        "occurred_at": _utc(report.as_of),
+        "report": "monthly-sla",
+        "month": report.month_label,
+        "checkpoint_tree_size": report.checkpoint_size,
+        "checkpoint_root_hash": report.checkpoint_root,
+        "html_sha256": report.html_sha256,
+        "pdf_sha256": report.pdf_sha256,
+    }
+    canonical = canonical_bytes(body)
+    return journal.NewEntry(
+        kind=REPORT_KIND,
+        event_id=event_id,
+        contract_id=report.contract_id,
+        occurred_at=report.as_of,
+        canonical=canonical,
+        body=journal.entry_body(canonical),
+    )
+
+
+def record_report(session: Session, report: MonthlyReport) -> RecordedReport:
+    """Append ``report``'s entry to its contract's log (locked), unless already there.
+
+    Idempotent: issuing the same report again finds the same event id with the same
+    bytes and writes nothing (``created`` False).  Never commits.  The entry is not
+    projected: no figure reads ``report`` entries.
+    """
+    entry = report_entry(report)
+    sizes = journal.lock_logs(session, [report.contract_id])
+    old = journal.find_existing(session, [entry.event_id]).get(entry.event_id)
+    if old is not None:
+        if old.canonical != entry.canonical:  # pragma: no cover - the id hashes the content
+            raise ReportError(
+                f"report entry {entry.event_id} is already recorded with different content"
+            )
+        return RecordedReport(entry.event_id, old.seq, False, entry.body)
+    stored = journal.append_entries(session, [entry], sizes)
+    return RecordedReport(entry.event_id, stored[0].seq, True, entry.body)
+
+
+def issue_monthly_report(
+    session: Session,
+    contract_id: str,
+    year: int,
+    month: int,
+    checkpoint_size: int | None = None,
+) -> tuple[MonthlyReport, RecordedReport]:
+    """:func:`build_monthly_report`, then record it (:func:`record_report`).  Never commits."""
+    report = build_monthly_report(session, contract_id, year, month, checkpoint_size)
+    return report, record_report(session, report)
+
+
+def find_issued(
+    session: Session, sha256_hex: str, contract_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Bodies of the ``report`` entries whose HTML or PDF digest is ``sha256_hex``.
+
+    An empty list means no report with exactly these bytes was ever issued (e.g. a copy
+    with one figure changed).  Raises :class:`ReportError` for a malformed digest.
+    """
+    digest = sha256_hex.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ReportError(f"a SHA-256 digest is 64 hex digits, got {sha256_hex!r}")
+    q = select(JournalEntry.body).where(
+        JournalEntry.kind == REPORT_KIND,
+        or_(
+            JournalEntry.body["html_sha256"].astext == digest,
+            JournalEntry.body["pdf_sha256"].astext == digest,
+        ),
+    )
+    if contract_id is not None:
+        q = q.where(JournalEntry.contract_id == contract_id)
+    return [dict(b) for b in session.execute(q.order_by(JournalEntry.seq)).scalars()]
+
+
+def issued_reports(
+    session: Session, contract_id: str, months: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Bodies of ``contract_id``'s ``report`` entries (optionally only for ``months``),
+    in ledger order."""
+    q = select(JournalEntry.body).where(
+        JournalEntry.contract_id == contract_id, JournalEntry.kind == REPORT_KIND
+    )
+    if months:
+        q = q.where(JournalEntry.body["month"].astext.in_(list(months)))
+    return [dict(b) for b in session.execute(q.order_by(JournalEntry.seq)).scalars()]

@@ -1,0 +1,129 @@
+"""HTML from the package's Jinja2 templates, and PDF from that same HTML with WeasyPrint.
+
+The HTML is self-contained (styles inline, charts inline SVG, no links to fetch).  The
+PDF renderer adds one stylesheet of ``@font-face`` rules pointing at the DejaVu fonts
+shipped in ``reports/static/fonts`` (so the PDF never depends on the fonts installed on
+the machine) and refuses to fetch any URL other than those package files.
+
+Reproducibility: the PDF's creation and modification dates come from ``<meta
+name="dcterms.created">`` / ``dcterms.modified`` in the HTML (the report's as-of
+instant), its file identifier is derived from the HTML's SHA-256, and nothing random is
+written, so the same HTML gives byte-identical PDF bytes with the same WeasyPrint,
+pydyf, Pango and HarfBuzz versions (the fonts are subset by HarfBuzz).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+__all__ = ["STATIC", "TEMPLATES", "environment", "html_to_pdf", "render_template"]
+
+PACKAGE = Path(__file__).resolve().parent
+TEMPLATES = PACKAGE / "templates"
+STATIC = PACKAGE / "static"
+FONTS = STATIC / "fonts"
+
+_lock = threading.Lock()
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The Jinja2 environment of the report templates (autoescaped, strict undefined)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    return env
+
+
+@cache
+def stylesheet() -> str:
+    """The report's CSS (screen and print), inlined into every HTML report."""
+    return (STATIC / "report.css").read_text(encoding="utf-8")
+
+
+def render_template(name: str, context: dict[str, Any]) -> str:
+    """Render template ``name`` with ``context``; deterministic for equal contexts."""
+    return environment().get_template(name).render(**context, stylesheet=stylesheet())
+
+
+def _font_face_css() -> str:
+    faces = [
+        ("Yoco Report Sans", "normal", "DejaVuSans.ttf"),
+        ("Yoco Report Sans", "bold", "DejaVuSans-Bold.ttf"),
+        ("Yoco Report Mono", "normal", "DejaVuSansMono.ttf"),
+    ]
+    return "\n".join(
+        f'@font-face {{ font-family: "{family}"; font-weight: {weight}; '
+        f'src: url("{(FONTS / file).as_uri()}"); }}'
+        for family, weight, file in faces
+    )
+
+
+def _package_path(url: str) -> Path | None:
+    """The package static file ``url`` names, or None for any other URL."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return None
+    path = Path(unquote(parsed.path)).resolve()
+    if path.is_relative_to(STATIC) and path.is_file():
+        return path
+    return None
+
+
+@cache
+def _fetcher() -> Any:
+    """A WeasyPrint URL fetcher that serves the package's static files and nothing else."""
+    from weasyprint.urls import URLFetcher, URLFetcherResponse
+
+    class PackageFetcher(URLFetcher):
+        def fetch(self, url: str, headers: Any = None) -> Any:
+            path = _package_path(url)
+            if path is None:
+                raise ValueError(f"reports fetch nothing from outside the package: {url!r}")
+            return URLFetcherResponse(url, body=path.read_bytes())
+
+    return PackageFetcher(fail_on_errors=True)
+
+
+@cache
+def _pdf_resources() -> tuple[Any, Any]:
+    from weasyprint import CSS
+    from weasyprint.text.fonts import FontConfiguration
+
+    font_config = FontConfiguration()
+    css = CSS(string=_font_face_css(), font_config=font_config, url_fetcher=_fetcher())
+    return css, font_config
+
+
+def html_to_pdf(html: str) -> bytes:
+    """Render ``html`` (a report from :func:`render_template`) to PDF bytes.
+
+    Promises: A4 pages as the HTML's print CSS lays them out, fonts embedded from the
+    package, no URL fetched outside it, and the same bytes for the same HTML (file
+    identifier from the HTML's SHA-256; dates from the HTML's ``dcterms`` meta tags).
+    """
+    from weasyprint import HTML
+
+    with _lock:  # one FontConfiguration per process; WeasyPrint is not thread-safe
+        css, font_config = _pdf_resources()
+        identifier = hashlib.sha256(html.encode("utf-8")).hexdigest()[:32].encode()
+        pdf = HTML(string=html, base_url=STATIC.as_uri() + "/", url_fetcher=_fetcher()).write_pdf(
+            stylesheets=[css],
+            font_config=font_config,
+            pdf_identifier=identifier,
+        )
+    assert isinstance(pdf, bytes)
+    return pdf
