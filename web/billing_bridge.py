@@ -1,0 +1,225 @@
+"""What the portal shows and does of billing: credits, disputes, year closes, exports.
+
+Reads go through billing's models and services in the caller's (row-level secured)
+session and are scoped by contract; actions call billing's services in a unit of work
+of the application role, after the caller's right to the contract was checked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.money import format_minor
+
+
+def credit_rows(session: Session, contract_ids: list[str] | None) -> list[dict[str, Any]]:
+    """Credits of ``contract_ids`` (None: all the session may see), newest first."""
+    from billing.models import Credit
+
+    q = select(Credit).order_by(Credit.issued_at.desc())
+    if contract_ids is not None:
+        q = q.where(Credit.contract_id.in_(contract_ids))
+    out = []
+    for c in session.execute(q).scalars():
+        out.append(
+            {
+                "credit_id": str(c.credit_id),
+                "credit_note": c.credit_note,
+                "contract_id": c.contract_id,
+                "year": c.year,
+                "issued_at": c.issued_at,
+                "status": c.status,
+                "currency": c.currency,
+                "amount": format_minor(c.amount_minor, c.currency),
+                "applied": format_minor(c.applied_minor, c.currency),
+                "remaining": format_minor(c.amount_minor - c.applied_minor, c.currency),
+                "covered_failures": c.covered_failures,
+                "resolved_failures": c.resolved_failures,
+                "threshold_percent": format(c.threshold_percent, "f"),
+                "credit_percent": format(c.credit_percent, "f"),
+            }
+        )
+    return out
+
+
+def year_closes(session: Session, contract_id: str) -> dict[int, dict[str, Any]]:
+    """Closed years of a contract: year → verdict and whether an adjustment is pending."""
+    from billing.models import BillingYear
+
+    rows = session.execute(
+        select(BillingYear).where(BillingYear.contract_id == contract_id)
+    ).scalars()
+    return {
+        r.year: {
+            "closed_at": r.closed_at,
+            "guarantee_met": r.guarantee_met,
+            "adjustments": r.adjustments,
+            "needs_adjustment": r.pending_seq is not None,
+        }
+        for r in rows
+    }
+
+
+def credit_status(session: Session, contract_id: str, year: int) -> dict[str, Any] | None:
+    """The credit of a contract year as billing reports it, or None (no credit issued)."""
+    from billing.services import credit_status as _status
+
+    return _status(session, contract_id, year)
+
+
+def _dispute_dict(d: Any) -> dict[str, Any]:
+    return {
+        "dispute_id": str(d.dispute_id),
+        "contract_id": d.contract_id,
+        "failure_event_id": str(d.failure_event_id),
+        "seq": d.seq,
+        "opened_at": d.opened_at,
+        "opened_by": d.opened_by,
+        "reason": d.reason,
+        "status": d.status,
+        "resolution": d.resolution,
+        "decided_at": d.decided_at,
+        "decided_by": d.decided_by,
+        "note": d.note,
+    }
+
+
+def disputes_of_failure(session: Session, contract_id: str, fid: uuid.UUID) -> list[dict[str, Any]]:
+    """Disputes of one failure, oldest first."""
+    from billing.models import Dispute
+
+    rows = session.execute(
+        select(Dispute)
+        .where(Dispute.contract_id == contract_id, Dispute.failure_event_id == fid)
+        .order_by(Dispute.opened_at)
+    ).scalars()
+    return [_dispute_dict(d) for d in rows]
+
+
+def dispute_queue(session: Session, status: str | None = "open") -> list[dict[str, Any]]:
+    """Disputes (open ones by default) the session may see, oldest first."""
+    from billing.models import Dispute
+
+    q = select(Dispute).order_by(Dispute.opened_at)
+    if status:
+        q = q.where(Dispute.status == status)
+    return [_dispute_dict(d) for d in session.execute(q).scalars()]
+
+
+def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list[dict[str, Any]]:
+    """Billing's entries about a failure (reclassifications, disputes) as timeline items."""
+    from billing.models import Dispute, Reclassification
+
+    items: list[dict[str, Any]] = []
+    for r in session.execute(
+        select(Reclassification).where(
+            Reclassification.contract_id == contract_id, Reclassification.failure_event_id == fid
+        )
+    ).scalars():
+        items.append(
+            {
+                "kind": "reclassification",
+                "event_id": str(r.event_id),
+                "seq": r.seq,
+                "at": r.occurred_at,
+                "title": f"reclassified: {r.failure_class} / {r.cause}",
+                "detail": {"reason": r.reason},
+            }
+        )
+    for d in session.execute(
+        select(Dispute).where(Dispute.contract_id == contract_id, Dispute.failure_event_id == fid)
+    ).scalars():
+        items.append(
+            {
+                "kind": "dispute",
+                "event_id": str(d.dispute_id),
+                "seq": d.seq,
+                "at": d.opened_at,
+                "title": f"dispute opened by {d.opened_by}",
+                "detail": {"reason": d.reason},
+            }
+        )
+        if d.decided_at is not None:
+            items.append(
+                {
+                    "kind": "dispute_decision",
+                    "event_id": str(d.decision_event_id or d.dispute_id),
+                    "seq": None,
+                    "at": d.decided_at,
+                    "title": f"dispute {d.status} by {d.decided_by}",
+                    "detail": {"resolution": d.resolution, "note": d.note},
+                }
+            )
+    return items
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def open_dispute(
+    session: Session,
+    *,
+    contract_id: str,
+    failure_event_id: str,
+    reason: str,
+    opened_by: str,
+    now: datetime,
+) -> Any:
+    """Record a customer's dispute of a failure (``dispute_opened`` in the contract's log)."""
+    from billing.disputes import open_dispute as _open
+
+    return _open(session, contract_id, failure_event_id, reason=reason, opened_by=opened_by,
+                 now=now)
+
+
+def decide_dispute(
+    session: Session,
+    *,
+    dispute_id: str,
+    decision: str,
+    note: str,
+    by: str,
+    now: datetime,
+    failure_class: str | None = None,
+    cause: str | None = None,
+) -> Any:
+    """Decide an open dispute: ``exclusion`` / ``reclassification`` resolve it, ``reject``."""
+    from billing.disputes import reject_dispute, resolve_dispute
+
+    if decision == "reject":
+        return reject_dispute(session, dispute_id, decided_by=by, note=note, now=now)
+    return resolve_dispute(
+        session,
+        dispute_id,
+        resolution=decision,
+        decided_by=by,
+        note=note,
+        failure_class=failure_class or None,
+        cause=cause or None,
+        now=now,
+    )
+
+
+def close_year(
+    session: Session, *, contract_id: str, year: int, ctx: Any, now: datetime
+) -> Any:
+    """Close (or adjust) a contract year and sign the log's new head."""
+    from billing.closing import close_year as _close
+
+    return _close(
+        session, contract_id, year, now=now, signer=ctx.signer,
+        origin_prefix=ctx.settings.log_origin,
+    )
+
+
+def export(session: Session, *, fmt: str, now: datetime) -> tuple[bytes, str]:
+    """The finance export of every credit in ``fmt`` (recorded in finance's log)."""
+    from billing.export import export_credits
+
+    result = export_credits(session, fmt, record=True, now=now)
+    return result.data, f"yoco-credits-{result.batch_id}.{fmt}"

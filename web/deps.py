@@ -1,0 +1,158 @@
+"""Request dependencies: who is calling, the scoped database session, CSRF checks.
+
+Handlers take these as ``Annotated`` aliases: ``PortalDep``, ``UserDep`` (a logged-in
+person; pages), ``ReaderDep`` (a person or a read token; API), ``OperatorDep``,
+``FinanceDep``, ``StaffDep``, ``PageDb`` / ``ApiDb`` (a session as the portal role scoped
+to the caller), ``CsrfDep`` (a checked form token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Form, Request
+from sqlalchemy.orm import Session
+
+from web.accounts import Principal, principal_of_user, session_user, token_principal
+from web.errors import CsrfFailed, Forbidden, LoginRequired, NotFound
+from web.portal import Portal
+
+SESSION_COOKIE = "yoco_session"
+ANON_COOKIE = "yoco_anon"
+
+
+def get_portal(request: Request) -> Portal:
+    """The application's :class:`Portal`."""
+    portal: Portal = request.app.state.portal
+    return portal
+
+
+PortalDep = Annotated[Portal, Depends(get_portal)]
+
+
+def caller(request: Request, portal: Portal) -> Principal | None:
+    """The principal of a bearer token or a session cookie (None if neither is valid).
+
+    A request with an ``Authorization`` header is judged by it alone: a bad token is
+    not rescued by a cookie.
+    """
+    if hasattr(request.state, "principal"):
+        cached: Principal | None = request.state.principal
+        return cached
+    found: Principal | None = None
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            with portal.db.write() as s:
+                found = token_principal(s, value.strip())
+    else:
+        token = portal.signer.session_token(
+            request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
+        )
+        if token:
+            found = portal.sessions.get(token)
+            if found is None:
+                with portal.db.write() as s:
+                    user = session_user(s, token)
+                    if user is not None:
+                        found = principal_of_user(user, binding=token)
+                if found is not None:
+                    portal.sessions.put(token, found)
+    request.state.principal = found
+    return found
+
+
+def current_user(request: Request, portal: PortalDep) -> Principal:
+    """A logged-in person (pages); :class:`LoginRequired` otherwise."""
+    who = caller(request, portal)
+    if who is None or who.kind != "user":
+        raise LoginRequired()
+    return who
+
+
+def api_reader(request: Request, portal: PortalDep) -> Principal:
+    """A person or a token allowed to read its customer's data (API)."""
+    who = caller(request, portal)
+    if who is None:
+        raise LoginRequired("Send a session cookie or an 'Authorization: Bearer' token.")
+    if not who.can_read:
+        raise Forbidden("This token may only post records.")
+    return who
+
+
+def api_writer(request: Request, portal: PortalDep) -> Principal:
+    """A bearer token allowed to post records for at least one contract."""
+    who = caller(request, portal)
+    if who is None or who.kind != "token":
+        raise LoginRequired("Send an ingest token as 'Authorization: Bearer <token>'.")
+    if not who.contract_ids:
+        raise Forbidden("This token may not post records.")
+    return who
+
+
+UserDep = Annotated[Principal, Depends(current_user)]
+ReaderDep = Annotated[Principal, Depends(api_reader)]
+WriterDep = Annotated[Principal, Depends(api_writer)]
+
+
+def staff(user: UserDep) -> Principal:
+    """An operator or finance user; others get 404 (staff pages are not advertised)."""
+    if not user.is_staff:
+        raise NotFound()
+    return user
+
+
+def operator(user: UserDep) -> Principal:
+    """An operator (SLA desk); others get 404."""
+    if user.role != "operator":
+        raise NotFound()
+    return user
+
+
+def finance(user: UserDep) -> Principal:
+    """A finance user (operators may also see finance pages); others get 404."""
+    if user.role not in ("finance", "operator"):
+        raise NotFound()
+    return user
+
+
+StaffDep = Annotated[Principal, Depends(staff)]
+OperatorDep = Annotated[Principal, Depends(operator)]
+FinanceDep = Annotated[Principal, Depends(finance)]
+
+
+def page_db(user: UserDep, portal: PortalDep) -> Iterator[Session]:
+    """A portal-role session scoped to the logged-in user's tenant."""
+    with portal.db.read(user) as session:
+        yield session
+
+
+def api_db(reader: ReaderDep, portal: PortalDep) -> Iterator[Session]:
+    """A portal-role session scoped to the API caller's tenant."""
+    with portal.db.read(reader) as session:
+        yield session
+
+
+PageDb = Annotated[Session, Depends(page_db)]
+ApiDb = Annotated[Session, Depends(api_db)]
+
+
+def csrf_binding(request: Request, portal: Portal) -> str | None:
+    """What the caller's CSRF token is bound to: its session, else its anonymous id."""
+    who = caller(request, portal)
+    if who is not None and who.session_binding:
+        return who.session_binding
+    return portal.signer.anon_ident(request.cookies.get(ANON_COOKIE))
+
+
+def check_csrf(
+    request: Request, portal: PortalDep, csrf_token: Annotated[str, Form()] = ""
+) -> None:
+    """Refuse a form whose ``csrf_token`` is not the caller's."""
+    if not portal.signer.check_csrf(csrf_binding(request, portal), csrf_token):
+        raise CsrfFailed()
+
+
+CsrfDep = Annotated[None, Depends(check_csrf)]

@@ -1,0 +1,115 @@
+"""Tables of the portal: users, API tokens, login sessions, login attempts.
+
+None of them is readable by the portal's database role (``yoco_portal``): they are
+read and written through the application role, before a request knows its tenant.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ledger.models import Base
+
+ROLES = ("customer", "operator", "finance")
+
+
+class PortalUser(Base):
+    """A person who logs in: a customer's user (one customer), an operator or finance."""
+
+    __tablename__ = "portal_users"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    email: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    role: Mapped[str] = mapped_column(Text, nullable=False)
+    customer: Mapped[str | None] = mapped_column(Text)
+    password_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    __table_args__ = (
+        CheckConstraint("role IN ('customer', 'operator', 'finance')", name="role_known"),
+        CheckConstraint(
+            "(role = 'customer') = (customer IS NOT NULL)", name="customer_iff_customer_role"
+        ),
+        CheckConstraint("email = lower(email)", name="email_lower"),
+    )
+
+
+class PortalSession(Base):
+    """A login session; the cookie holds the signed token, the table only its SHA-256."""
+
+    __tablename__ = "portal_sessions"
+
+    token_hash: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("portal_users.id", ondelete="CASCADE"), nullable=False
+    )
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __table_args__ = (Index(None, "user_id"),)
+
+
+class ApiToken(Base):
+    """A bearer token: may post records for ``contract_ids`` and/or read ``customer``'s data.
+
+    Only the SHA-256 of the token is stored (tokens are 256-bit random, so a fast hash
+    is enough); ``prefix`` is the public part used to find the row.
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    prefix: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    secret_hash: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    customer: Mapped[str | None] = mapped_column(Text)
+    contract_ids: Mapped[list[str]] = mapped_column(
+        ARRAY(Text), nullable=False, server_default="{}"
+    )
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        CheckConstraint(
+            "customer IS NOT NULL OR cardinality(contract_ids) > 0", name="has_scope"
+        ),
+    )
+
+
+class LoginAttempt(Base):
+    """A failed login, by account (``email:…``) and by client address (``addr:…``)."""
+
+    __tablename__ = "login_attempts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(Text, nullable=False)
+    at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    __table_args__ = (Index(None, "key", "at"),)
+
+
+WEB_TABLES = ("portal_users", "portal_sessions", "api_tokens", "login_attempts")

@@ -1,0 +1,123 @@
+"""The portal's context: the composition root's :class:`~yoco.app.App`, engines, secrets.
+
+One :class:`Portal` per FastAPI application, built by :func:`web.app.create_app` and
+kept in ``app.state.portal``; its engines are created on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+
+from argon2 import PasswordHasher
+from fastapi.templating import Jinja2Templates
+
+from web.accounts import Principal
+from web.db import PortalDb, portal_engine
+from web.security import CookieSigner, password_hasher
+from web.settings import WebSettings, resolve_secret
+from web.views import ViewCache
+from yoco.app import App
+
+HERE = Path(__file__).resolve().parent
+
+
+class SessionCache:
+    """Live sessions seen in the last few seconds (saves a query per request).
+
+    Logging out removes the entry at once in this process; a session ended elsewhere
+    (another process, a disabled user) stops working within ``ttl`` seconds.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, token: str) -> Principal | None:
+        """The cached principal of a session token, if seen less than ``ttl`` ago."""
+        hit = self._entries.get(token)
+        if hit is None or time.monotonic() - hit[0] > self.ttl:
+            return None
+        return hit[1]
+
+    def put(self, token: str, who: Principal) -> None:
+        """Remember a live session."""
+        if self.ttl <= 0:
+            return
+        if len(self._entries) > 10_000:
+            self._entries.clear()
+        self._entries[token] = (time.monotonic(), who)
+
+    def drop(self, token: str) -> None:
+        """Forget a session (logout)."""
+        self._entries.pop(token, None)
+
+
+class Portal:
+    """Everything a request handler needs, created lazily and shared by all requests."""
+
+    def __init__(
+        self,
+        ctx: App,
+        settings: WebSettings,
+        *,
+        hasher: PasswordHasher | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.hasher = hasher or password_hasher()
+        self.views = ViewCache(settings.figures_ttl_seconds)
+        self.sessions = SessionCache(settings.session_cache_seconds)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def now(self) -> datetime:
+        """The current time (a fixed clock in tests)."""
+        return self._clock() if self._clock else datetime.now(UTC)
+
+    @cached_property
+    def secret(self) -> bytes:
+        """The cookie and CSRF secret."""
+        return resolve_secret(self.settings, self.ctx.settings.data_dir)
+
+    @cached_property
+    def signer(self) -> CookieSigner:
+        """Signs cookies and derives CSRF tokens."""
+        return CookieSigner(self.secret)
+
+    @cached_property
+    def db(self) -> PortalDb:
+        """The portal role's and the application role's engines."""
+        with self._lock:
+            url = self.ctx.database.url
+            return PortalDb(
+                self.ctx.engine,
+                portal_engine(
+                    url, pool_size=self.settings.pool_size, max_overflow=self.settings.max_overflow
+                ),
+            )
+
+    @cached_property
+    def templates(self) -> Jinja2Templates:
+        """The page templates (``web/templates``)."""
+        from web import render
+
+        templates = Jinja2Templates(directory=str(HERE / "templates"))
+        render.install(templates.env)
+        return templates
+
+    @cached_property
+    def verifier_key(self) -> str:
+        """The checkpoint signer's verifier key (C2SP note verifier key)."""
+        return self.ctx.signer.verifier_text()
+
+    def close(self) -> None:
+        """Release connections."""
+        if "db" in self.__dict__:
+            self.db.dispose()
+        self.ctx.close()

@@ -1,0 +1,196 @@
+"""Page rendering: template filters, the CSRF-aware page response, the inline SVG chart."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment
+from markupsafe import Markup, escape
+
+from web.views import MonthFigures
+
+
+def pct(value: Decimal | float | None, places: int = 1) -> str:
+    """A fraction (0.934) as a percentage ("93.4 %"); "—" for None."""
+    if value is None:
+        return "—"
+    q = (Decimal(str(value)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_EVEN)
+    return f"{q} %"
+
+
+def num(value: Decimal | float | int | None, places: int = 0) -> str:
+    """A number with thousands separators and ``places`` decimals; "—" for None."""
+    if value is None:
+        return "—"
+    d = Decimal(str(value)).quantize(Decimal(1).scaleb(-places), ROUND_HALF_EVEN)
+    return f"{d:,.{places}f}"
+
+
+def when(value: datetime | None, tz: str = "UTC", seconds: bool = False) -> str:
+    """A time in the zone ``tz``: ``2026-03-02 07:00 EST``."""
+    if value is None:
+        return "—"
+    local = value.astimezone(ZoneInfo(tz))
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
+
+
+def day(value: datetime | None, tz: str = "UTC") -> str:
+    """The local date of an instant in ``tz``."""
+    if value is None:
+        return "—"
+    return value.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d")
+
+
+def label(value: str | None) -> str:
+    """A code (``rolled_back``) as words (``rolled back``)."""
+    return (value or "").replace("_", " ")
+
+
+def install(env: Environment) -> None:
+    """Register the portal's filters on a Jinja environment."""
+    env.filters.update(pct=pct, num=num, when=when, day=day, label=label)
+    env.globals["monthly_chart"] = monthly_chart
+
+
+def secure_cookies(request: Request, mode: str) -> bool:
+    """Whether cookies get the Secure attribute (``auto``: when served over HTTPS)."""
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return request.url.scheme == "https"
+
+
+def page(
+    request: Request,
+    name: str,
+    context: dict[str, Any] | None = None,
+    status_code: int = 200,
+) -> HTMLResponse:
+    """Render template ``name`` with the caller, a CSRF token and ``context``."""
+    from web.deps import ANON_COOKIE, caller, csrf_binding, get_portal
+
+    portal = get_portal(request)
+    try:
+        who = caller(request, portal)
+        binding = csrf_binding(request, portal)
+    except Exception:  # an error page must render even when the database is down
+        who, binding = None, None
+    new_anon = None
+    if binding is None:
+        new_anon = secrets.token_urlsafe(24)
+        binding = new_anon
+    ctx: dict[str, Any] = {
+        "user": who,
+        "csrf_token": portal.signer.csrf_token(binding),
+        "verifier_key": None,
+    }
+    ctx.update(context or {})
+    response = portal.templates.TemplateResponse(request, name, ctx, status_code=status_code)
+    if new_anon is not None:
+        response.set_cookie(
+            ANON_COOKIE,
+            portal.signer.sign_anon(new_anon),
+            max_age=24 * 3600,
+            httponly=True,
+            samesite="lax",
+            secure=secure_cookies(request, portal.settings.secure_cookies),
+        )
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# --------------------------------------------------------------------------- chart
+
+_W, _H = 720, 260
+_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 16, 44
+
+
+def _axis_floor(values: Sequence[float], threshold: float) -> float:
+    low = min([*values, threshold])
+    return max(0.0, (int(low) // 10) * 10 - 10 if low < 100 else 80.0)
+
+
+def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
+    """An inline SVG bar chart: resolution rate by month against the threshold line.
+
+    Bars are green where the month's rate meets the threshold and red where it does not;
+    months without covered failures show a grey dot, months to come are left empty.
+    """
+    thr = float(threshold)
+    rates = [
+        100.0 * m.figures.resolved_failures / m.figures.covered_failures
+        for m in months
+        if m.figures is not None and m.figures.covered_failures
+    ]
+    lo = _axis_floor(rates, thr)
+    plot_w = _W - _LEFT - _RIGHT
+    plot_h = _H - _TOP - _BOTTOM
+    n = max(1, len(months))
+    slot = plot_w / n
+    bar = slot * 0.62
+
+    def y(v: float) -> float:
+        return _TOP + plot_h * (1 - (v - lo) / (100 - lo))
+
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
+        f'aria-labelledby="chart-title" xmlns="http://www.w3.org/2000/svg">',
+        '<title id="chart-title">Resolution rate by month against the guaranteed '
+        f"{escape(format(threshold, 'f'))} %</title>",
+    ]
+    for tick in range(int(lo), 101, 10 if 100 - lo > 30 else 5):
+        ty = y(tick)
+        parts.append(
+            f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" '
+            'class="grid"/>'
+            f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick" text-anchor="end">{tick}%</text>'
+        )
+    for i, m in enumerate(months):
+        cx = _LEFT + slot * i + slot / 2
+        parts.append(
+            f'<text x="{cx:.1f}" y="{_H - _BOTTOM + 16}" class="tick" text-anchor="middle">'
+            f"{escape(m.label[2:])}</text>"
+        )
+        f = m.figures
+        if f is None:
+            continue
+        if not f.covered_failures:
+            parts.append(
+                f'<circle cx="{cx:.1f}" cy="{_TOP + plot_h - 5:.1f}" r="3" class="none">'
+                f"<title>{escape(m.label)}: no covered failures</title></circle>"
+            )
+            continue
+        rate = 100.0 * f.resolved_failures / f.covered_failures
+        top = y(max(rate, lo))
+        cls = "ok" if f.guarantee_met else "miss"
+        parts.append(
+            f'<rect x="{cx - bar / 2:.1f}" y="{top:.1f}" width="{bar:.1f}" '
+            f'height="{max(1.0, _TOP + plot_h - top):.1f}" class="bar {cls}">'
+            f"<title>{escape(m.label)}: {f.resolved_failures} of {f.covered_failures} covered "
+            f"failures resolved ({rate:.1f} %)</title></rect>"
+        )
+        parts.append(
+            f'<text x="{cx:.1f}" y="{top - 4:.1f}" class="val" text-anchor="middle">'
+            f"{rate:.0f}</text>"
+        )
+    ty = y(thr)
+    parts.append(
+        f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" class="threshold"/>'
+        f'<text x="{_W - _RIGHT}" y="{ty - 5:.1f}" class="threshold-label" text-anchor="end">'
+        f"guaranteed {escape(format(threshold, 'f'))} %</text>"
+    )
+    parts.append(
+        f'<text x="{_LEFT}" y="{_H - 6}" class="legend">'
+        "Bars: share of covered failures resolved by live migration, per month "
+        "(green: at or above the guarantee; red: below; dot: no covered failure).</text>"
+    )
+    parts.append("</svg>")
+    return Markup("".join(parts))  # noqa: S704 (every value above is escaped or numeric)

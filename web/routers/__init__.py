@@ -1,0 +1,37 @@
+"""One router per resource; :data:`ROUTERS` is what :func:`web.app.create_app` mounts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from web.routers import (
+    api_checkpoints,
+    api_contracts,
+    api_docs,
+    api_failures,
+    api_records,
+    auth,
+    checkpoints,
+    contracts,
+    credits,
+    failures,
+    finance,
+    operator,
+    reports,
+)
+
+ROUTERS: tuple[APIRouter, ...] = (
+    auth.router,
+    contracts.router,
+    failures.router,
+    reports.router,
+    credits.router,
+    checkpoints.router,
+    operator.router,
+    finance.router,
+    api_docs.router,
+    api_contracts.router,
+    api_failures.router,
+    api_checkpoints.router,
+    api_records.router,
+)

@@ -1,0 +1,151 @@
+"""``POST /api/v1/records``: runtimes append ingestion records, exactly as ``yoco ledger ingest``.
+
+The body is a JSON array of records (DESIGN section 4).  The batch is validated with
+the same code as the command line (:func:`ledger.records.validate_batch`, then
+:func:`ledger.ingest.ingest` with the same projectors), is all or nothing, and is
+idempotent by ``event_id``.  Refusals are 422 with each record's ``index`` and ``field``;
+records for a contract the token is not scoped to are 403, naming their index.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ledger.canonical import JsonInputError, parse_json_strict
+from ledger.errors import IngestRefused
+from ledger.ingest import ingest
+from ledger.records import Record, RecordError, validate_batch
+from web.deps import PortalDep, WriterDep
+from web.schemas import ERRORS, ErrorBody, IngestOut, IngestRefusedBody
+
+router = APIRouter(prefix="/api/v1", tags=["ingestion"])
+
+_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "event_id", "contract_id", "occurred_at"],
+    "properties": {
+        "kind": {
+            "type": "string",
+            "enum": [
+                "job_started",
+                "job_progress",
+                "job_finished",
+                "failure",
+                "outcome",
+                "exclusion",
+            ],
+        },
+        "event_id": {"type": "string", "format": "uuid"},
+        "contract_id": {"type": "string"},
+        "occurred_at": {"type": "string", "format": "date-time"},
+    },
+    "additionalProperties": True,
+}
+
+# Another log's name and position must not show through an event-id collision.
+_OTHER_LOG = re.compile(r" \(log '[^']*', seq \d+\)")
+
+
+def _refused(status: int, detail: str, errors: list[RecordError]) -> JSONResponse:
+    out = []
+    for e in errors:
+        d = e.to_dict()
+        d["message"] = _OTHER_LOG.sub("", d["message"])
+        out.append(d)
+    return JSONResponse({"detail": detail, "errors": out}, status_code=status)
+
+
+@router.post(
+    "/records",
+    response_model=IngestOut,
+    responses={
+        401: ERRORS[401],
+        403: {"model": IngestRefusedBody, "description": "A record names a contract the "
+              "token may not write to (nothing was written)."},
+        413: {"model": ErrorBody, "description": "The batch is too large."},
+        422: {"model": IngestRefusedBody, "description": "Refused records, by index and "
+              "field (nothing was written)."},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"type": "array", "items": _RECORD_SCHEMA, "maxItems": 10000}
+                }
+            },
+        }
+    },
+)
+async def post_records(request: Request, writer: WriterDep, portal: PortalDep) -> Any:
+    """Append a batch of ingestion records: idempotent by event_id, all or nothing.
+
+    A record already stored with the same content is counted in ``duplicates``; the
+    same event_id with different content is refused.
+    """
+    limit = portal.settings.max_batch_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return JSONResponse({"detail": f"the batch exceeds {limit} bytes"}, status_code=413)
+    body = await request.body()
+    if len(body) > limit:
+        return JSONResponse({"detail": f"the batch exceeds {limit} bytes"}, status_code=413)
+    try:
+        objs = parse_json_strict(body)
+    except JsonInputError as exc:
+        path = exc.path or ""
+        return _refused(
+            422,
+            "the body is not strict JSON; nothing written",
+            [RecordError(str(exc.message), field=path.removeprefix("$"))],
+        )
+    if not isinstance(objs, list):
+        return _refused(
+            422,
+            "the body must be a JSON array of records; nothing written",
+            [RecordError("expected a JSON array of records", field="")],
+        )
+    if len(objs) > portal.settings.max_batch_records:
+        return JSONResponse(
+            {"detail": f"at most {portal.settings.max_batch_records} records per batch"},
+            status_code=413,
+        )
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(_ingest, objs, writer.contract_ids, portal)
+
+
+def _ingest(objs: list[Any], allowed: frozenset[str], portal: Any) -> Any:
+    records, errors = validate_batch(objs)
+    if errors:
+        return _refused(422, f"{len(errors)} error(s); nothing written", errors)
+    foreign = [
+        RecordError(
+            f"this token may not write records for contract {r.contract_id!r}",
+            field="contract_id",
+            index=r.index,
+        )
+        for r in records
+        if r.contract_id not in allowed
+    ]
+    if foreign:
+        return _refused(403, f"{len(foreign)} record(s) outside this token's contracts; "
+                        "nothing written", foreign)
+    located = _locator(records)
+    try:
+        with portal.db.write() as session:
+            result = ingest(session, records, located, portal.ctx.projectors)
+    except IngestRefused as exc:
+        return _refused(422, f"{len(exc.errors)} error(s); nothing written", exc.errors)
+    return IngestOut(
+        appended=result.appended, duplicates=result.duplicates, by_kind=dict(result.by_kind)
+    )
+
+
+def _locator(records: list[Record]) -> Any:
+    """Errors that name each record's index in the posted array."""
+    return lambda i, fld, msg: RecordError(msg, field=fld, index=records[i].index)

@@ -1,0 +1,59 @@
+"""Signed checkpoints of a contract's log and consistency proofs between them (pages)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+
+from web import services
+from web.deps import PageDb, PortalDep, UserDep
+from web.render import page
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/contracts/{contract_id}/checkpoints")
+def checkpoint_page(
+    request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
+) -> Response:
+    """Every signed tree head of the log, and a form for a consistency proof between two."""
+    contract = services.contract_for(db, user, contract_id)
+    heads = services.checkpoints(db, user, contract_id)
+    return page(
+        request,
+        "checkpoints.html",
+        {
+            "contract": contract,
+            "heads": heads,
+            "tz": contract.timezone,
+            "verifier_key": portal.verifier_key,
+            "section": "checkpoints",
+        },
+    )
+
+
+@router.get("/contracts/{contract_id}/checkpoints/consistency")
+def consistency_download(
+    contract_id: str,
+    user: UserDep,
+    db: PageDb,
+    size1: Annotated[int, Query(ge=1)],
+    size2: Annotated[int, Query(ge=1)],
+) -> Response:
+    """Download a consistency proof between the signed heads of sizes ``size1`` and ``size2``."""
+    bundle = services.consistency(db, user, contract_id, size1, size2)
+    name = f"consistency-{contract_id}-{bundle['size1']}-{bundle['size2']}.json"
+    return Response(
+        json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+@router.get("/public-key")
+def public_key(portal: PortalDep) -> Response:
+    """The checkpoint signer's verifier key (public)."""
+    return PlainTextResponse(portal.verifier_key + "\n")

@@ -1,0 +1,106 @@
+"""Contracts and the dashboard of a contract year (pages)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from web import services
+from web.deps import PageDb, PortalDep, UserDep, caller
+from web.render import page
+from web.views import YearView, elapsed_share, projected_margin
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+def home(request: Request, portal: PortalDep) -> Response:
+    """Where a visitor starts: login, the operator overview, or their contracts."""
+    who = caller(request, portal)
+    if who is None or who.kind != "user":
+        return RedirectResponse("/login", status_code=303)
+    if who.role == "operator":
+        return RedirectResponse("/operator", status_code=303)
+    if who.role == "finance":
+        return RedirectResponse("/finance", status_code=303)
+    return RedirectResponse("/contracts", status_code=303)
+
+
+def verdict(view: YearView) -> dict[str, Any]:
+    """The headline of a year: its state (met / on_track / at_risk / missed) and a sentence."""
+    f = view.figures
+    ended = view.now >= view.end
+    threshold = format(f.threshold_percent, "f")
+    if f.covered_failures == 0:
+        return {
+            "state": "met" if ended else "on_track",
+            "text": "No covered failures"
+            + (" in this contract year: the guarantee was met." if ended else " so far."),
+        }
+    rate = f"{100 * f.resolved_failures / f.covered_failures:.1f} %"
+    if f.guarantee_met:
+        return {
+            "state": "met" if ended else "on_track",
+            "text": f"{rate} of covered failures resolved by live migration — "
+            + ("the guaranteed " if ended else "at or above the guaranteed ")
+            + f"{threshold} %"
+            + (" was met." if ended else "."),
+        }
+    return {
+        "state": "missed" if ended else "at_risk",
+        "text": f"{rate} of covered failures resolved by live migration — below the "
+        f"guaranteed {threshold} %"
+        + (": a renewal credit is due." if ended else " so far this year."),
+    }
+
+
+@router.get("/contracts")
+def contract_list(request: Request, user: UserDep, db: PageDb, portal: PortalDep) -> Response:
+    """The caller's contracts with their current year at a glance (one contract: its page)."""
+    rows = services.visible_contracts(db, user)
+    if len(rows) == 1 and not user.is_staff:
+        return RedirectResponse(f"/contracts/{rows[0].contract_id}", status_code=303)
+    now = portal.now()
+    items = []
+    for c in rows:
+        view = services.year_view(db, user, portal.views, c.contract_id, None, now)
+        at_risk, _margin = projected_margin(view)
+        items.append({"contract": c, "view": view, "verdict": verdict(view), "at_risk": at_risk})
+    return page(request, "contracts.html", {"items": items})
+
+
+@router.get("/contracts/{contract_id}")
+def dashboard(
+    request: Request,
+    contract_id: str,
+    user: UserDep,
+    db: PageDb,
+    portal: PortalDep,
+    year: Annotated[int | None, Query(ge=1, le=100)] = None,
+) -> Response:
+    """A contract year at a glance: rate against threshold, counts, goodput, credit, chart."""
+    now = portal.now()
+    view = services.year_view(db, user, portal.views, contract_id, year, now)
+    contract = view.contract
+    lost_cost = None
+    if contract.gpu_hour_price is not None:
+        lost_cost = view.figures.lost_gpu_hours * contract.gpu_hour_price
+    return page(
+        request,
+        "dashboard.html",
+        {
+            "view": view,
+            "contract": contract,
+            "f": view.figures,
+            "verdict": verdict(view),
+            "credit": view.credit,
+            "closed": view.closed,
+            "years": list(range(1, contract.term_years + 1)),
+            "elapsed": elapsed_share(view),
+            "lost_cost": lost_cost,
+            "tz": contract.timezone,
+            "section": "dashboard",
+        },
+    )

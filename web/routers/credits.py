@@ -1,0 +1,49 @@
+"""Credits of a contract (page): the verdict of each year and any renewal credit."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from web import billing_bridge, services
+from web.deps import PageDb, PortalDep, UserDep
+from web.render import page
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/contracts/{contract_id}/credits")
+def credit_page(
+    request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
+) -> Response:
+    """Every year of the term: closed or not, guarantee met or not, and the credit issued."""
+    from billing.years import contract_year_bounds
+
+    contract = services.contract_for(db, user, contract_id)
+    closes = billing_bridge.year_closes(db, contract_id)
+    credits = billing_bridge.credit_rows(db, [contract_id])
+    now = portal.now()
+    years = []
+    for k in range(1, contract.term_years + 1):
+        start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
+        years.append(
+            {
+                "year": k,
+                "start": start,
+                "end": end,
+                "state": "ended" if end <= now else ("running" if start <= now else "to come"),
+                "close": closes.get(k),
+                "credit": next((c for c in credits if c["year"] == k), None),
+            }
+        )
+    return page(
+        request,
+        "credits.html",
+        {
+            "contract": contract,
+            "years": years,
+            "credits": credits,
+            "tz": contract.timezone,
+            "section": "credits",
+        },
+    )

@@ -1,0 +1,142 @@
+"""Failures of a contract year: the filtered list, one failure's detail, proofs, disputes."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from web import billing_bridge, services
+from web.deps import CsrfDep, PageDb, PortalDep, UserDep
+from web.errors import Invalid
+from web.render import page
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/contracts/{contract_id}/failures")
+def failure_list(
+    request: Request,
+    contract_id: str,
+    user: UserDep,
+    db: PageDb,
+    portal: PortalDep,
+    year: Annotated[int | None, Query(ge=1, le=100)] = None,
+    month: Annotated[str, Query(max_length=7)] = "",
+    failure_class: Annotated[str, Query(max_length=40)] = "",
+    cause: Annotated[str, Query(max_length=64)] = "",
+    status: Annotated[str, Query(max_length=40)] = "",
+    page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1,
+    per_page: Annotated[int, Query(ge=1, le=services.MAX_PER_PAGE)] = 50,
+) -> Response:
+    """Failures of a contract year, newest first, filtered by month, class, cause, status."""
+    view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
+    flt = services.FailureFilter(
+        month=month or None,
+        failure_class=failure_class or None,
+        cause=cause or None,
+        status=status or None,
+    )
+    result = services.failures_page(view, flt, page_no, per_page)
+    query = {
+        k: v
+        for k, v in {
+            "year": str(view.year),
+            "month": month,
+            "failure_class": failure_class,
+            "cause": cause,
+            "status": status,
+            "per_page": str(per_page) if per_page != 50 else "",
+        }.items()
+        if v
+    }
+    return page(
+        request,
+        "failures.html",
+        {
+            "view": view,
+            "contract": view.contract,
+            "tz": view.contract.timezone,
+            "result": result,
+            "flt": flt,
+            "query": query,
+            "months": [m.label for m in view.months],
+            "classes": services.CLASSES,
+            "statuses": services.STATUSES,
+            "section": "failures",
+        },
+    )
+
+
+@router.get("/contracts/{contract_id}/failures/{event_id}")
+def failure_page(
+    request: Request,
+    contract_id: str,
+    event_id: str,
+    user: UserDep,
+    db: PageDb,
+    portal: PortalDep,
+) -> Response:
+    """One failure: status, lost GPU-hours, its timeline, proofs and the dispute form."""
+    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, portal.now())
+    return page(
+        request,
+        "failure.html",
+        {
+            "d": detail,
+            "contract": detail.contract,
+            "tz": detail.contract.timezone,
+            "can_dispute": user.role == "customer",
+            "verifier_key": portal.verifier_key,
+            "section": "failures",
+        },
+    )
+
+
+@router.get("/contracts/{contract_id}/entries/{event_id}/proof")
+def entry_proof(
+    contract_id: str, event_id: str, user: UserDep, db: PageDb
+) -> Response:
+    """Download the inclusion proof of one ledger entry (``yoco-inclusion-proof/v1``)."""
+    bundle = services.entry_proof(db, user, contract_id, event_id)
+    return Response(
+        json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
+        media_type="application/json",
+        headers={
+            "Content-Disposition": f'attachment; filename="proof-{bundle["event_id"]}.json"'
+        },
+    )
+
+
+@router.post("/contracts/{contract_id}/failures/{event_id}/disputes")
+def open_dispute(
+    contract_id: str,
+    event_id: str,
+    user: UserDep,
+    portal: PortalDep,
+    _csrf: CsrfDep,
+    reason: Annotated[str, Form(max_length=4000)] = "",
+) -> Response:
+    """Open a dispute of a failure (customers), recorded in the contract's ledger."""
+    with portal.db.read(user) as db:
+        detail = services.failure_detail(
+            db, user, portal.views, contract_id, event_id, portal.now()
+        )
+        fid = str(detail.failure.event_id)
+    if not reason.strip():
+        raise Invalid("Say why you dispute this failure (the reason is recorded).")
+    with portal.db.write() as db:
+        billing_bridge.open_dispute(
+            db,
+            contract_id=contract_id,
+            failure_event_id=fid,
+            reason=reason.strip(),
+            opened_by=user.name,
+            now=portal.now(),
+        )
+    return RedirectResponse(
+        f"/contracts/{contract_id}/failures/{fid}#disputes",
+        status_code=303,
+    )

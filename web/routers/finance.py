@@ -1,0 +1,47 @@
+"""Finance: credits of every contract, and the finance export in each format."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from web import billing_bridge
+from web.deps import FinanceDep, PageDb, PortalDep
+from web.errors import NotFound
+from web.render import page
+
+router = APIRouter(include_in_schema=False)
+
+FORMATS = {
+    "csv": "text/csv; charset=utf-8",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "json": "application/json",
+}
+
+
+@router.get("/finance")
+def finance_page(request: Request, user: FinanceDep, db: PageDb) -> Response:
+    """Every credit (issued, applied, void) and links to the export."""
+    return page(
+        request,
+        "finance.html",
+        {
+            "credits": billing_bridge.credit_rows(db, None),
+            "formats": list(FORMATS),
+            "section": "finance",
+        },
+    )
+
+
+@router.get("/finance/export.{fmt}")
+def export(fmt: str, user: FinanceDep, portal: PortalDep) -> Response:
+    """The finance export of credits as CSV, XLSX or JSON (download)."""
+    if fmt not in FORMATS:
+        raise NotFound()
+    with portal.db.write() as db:
+        data, name = billing_bridge.export(db, fmt=fmt, now=portal.now())
+    return Response(
+        data,
+        media_type=FORMATS[fmt],
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )

@@ -1,0 +1,149 @@
+"""The SLA desk (operators): contracts at risk first, the disputes queue, year close."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from web import billing_bridge, services
+from web.deps import CsrfDep, OperatorDep, PageDb, PortalDep
+from web.errors import Invalid
+from web.render import page
+from web.routers.contracts import verdict
+from web.views import elapsed_share, projected_margin
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/operator")
+def overview(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep) -> Response:
+    """Every contract's current year, those below their threshold first (lowest margin first)."""
+    now = portal.now()
+    items: list[dict[str, Any]] = []
+    for c in services.visible_contracts(db, user):
+        view = services.year_view(db, user, portal.views, c.contract_id, None, now)
+        at_risk, margin = projected_margin(view)
+        items.append(
+            {
+                "contract": c,
+                "view": view,
+                "verdict": verdict(view),
+                "at_risk": at_risk,
+                "margin": margin,
+                "elapsed": elapsed_share(view),
+            }
+        )
+    items.sort(key=lambda i: (not i["at_risk"], i["margin"], i["contract"].contract_id))
+    return page(
+        request,
+        "operator.html",
+        {
+            "items": items,
+            "open_disputes": len(billing_bridge.dispute_queue(db)),
+            "section": "operator",
+        },
+    )
+
+
+@router.post("/operator/checkpoints")
+def sign_checkpoints(user: OperatorDep, portal: PortalDep, _csrf: CsrfDep) -> Response:
+    """Sign a new tree head for every log that grew (so new entries become provable)."""
+    from ledger.checkpoints import sign_all
+
+    with portal.db.write() as db:
+        heads = sign_all(db, portal.ctx.signer, portal.ctx.settings.log_origin)
+    signed = sum(1 for h in heads if h.created)
+    return RedirectResponse(f"/operator?signed={signed}", status_code=303)
+
+
+@router.get("/operator/disputes")
+def disputes(request: Request, user: OperatorDep, db: PageDb) -> Response:
+    """Open disputes, oldest first, and the latest decided ones."""
+    decided = [d for d in billing_bridge.dispute_queue(db, None) if d["status"] != "open"]
+    return page(
+        request,
+        "disputes.html",
+        {
+            "queue": billing_bridge.dispute_queue(db),
+            "decided": list(reversed(decided))[:50],
+            "classes": services.CLASSES,
+            "section": "disputes",
+        },
+    )
+
+
+@router.post("/operator/disputes/{dispute_id}")
+def decide(
+    dispute_id: str,
+    user: OperatorDep,
+    portal: PortalDep,
+    _csrf: CsrfDep,
+    decision: Annotated[str, Form(max_length=20)] = "",
+    note: Annotated[str, Form(max_length=4000)] = "",
+    failure_class: Annotated[str, Form(max_length=40)] = "",
+    cause: Annotated[str, Form(max_length=64)] = "",
+) -> Response:
+    """Decide a dispute: exclude the failure, reclassify it, or reject the dispute."""
+    if decision not in ("exclusion", "reclassification", "reject"):
+        raise Invalid("Choose to exclude the failure, reclassify it, or reject the dispute.")
+    if not note.strip():
+        raise Invalid("Write a note: it is recorded with the decision.")
+    with portal.db.read(user) as db:
+        known = {d["dispute_id"] for d in billing_bridge.dispute_queue(db)}
+    if dispute_id not in known:
+        raise services.NotFound()
+    with portal.db.write() as db:
+        billing_bridge.decide_dispute(
+            db,
+            dispute_id=dispute_id,
+            decision=decision,
+            note=note.strip(),
+            by=user.name,
+            now=portal.now(),
+            failure_class=failure_class,
+            cause=cause,
+        )
+    return RedirectResponse("/operator/disputes", status_code=303)
+
+
+@router.get("/operator/years")
+def years(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep) -> Response:
+    """Contract years that have ended: closed (with their verdict) or waiting to be closed."""
+    from billing.years import contract_year_bounds
+
+    now = portal.now()
+    rows = []
+    for c in services.visible_contracts(db, user):
+        closes = billing_bridge.year_closes(db, c.contract_id)
+        for k in range(1, c.term_years + 1):
+            start, end = contract_year_bounds(c.start_date, c.timezone, k)
+            if end > now:
+                break
+            rows.append({"contract": c, "year": k, "start": start, "end": end,
+                         "close": closes.get(k)})
+    rows.sort(key=lambda r: (r["close"] is not None, r["end"]))
+    return page(
+        request,
+        "years.html",
+        {"rows": rows, "section": "years"},
+    )
+
+
+@router.post("/operator/years/close")
+def close_year(
+    user: OperatorDep,
+    portal: PortalDep,
+    _csrf: CsrfDep,
+    contract_id: Annotated[str, Form(max_length=200)] = "",
+    year: Annotated[int, Form(ge=1, le=100)] = 1,
+) -> Response:
+    """Close a contract year: record the verdict and issue the credit when it was missed."""
+    with portal.db.read(user) as db:
+        services.contract_for(db, user, contract_id)
+    with portal.db.write() as db:
+        billing_bridge.close_year(
+            db, contract_id=contract_id, year=year, ctx=portal.ctx, now=portal.now()
+        )
+    return RedirectResponse("/operator/years", status_code=303)

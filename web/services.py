@@ -1,0 +1,365 @@
+"""Tenant-scoped reads of the portal.
+
+Every function takes the caller's :class:`~web.accounts.Principal` and filters by its
+customer in the query itself (the service-layer half of tenant isolation); the session
+it runs in is the portal role's, under row-level security (the database half).
+Anything the caller may not see raises :class:`~web.errors.NotFound`, exactly as
+something that does not exist.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.amendments import InForce, contract_in_force
+from billing.years import year_of
+from ledger.contracts import get_contract
+from ledger.errors import LedgerError, UnknownContract, UnknownEntry
+from ledger.models import (
+    Checkpoint,
+    Contract,
+    Exclusion,
+    Failure,
+    JournalEntry,
+    LedgerLog,
+    Outcome,
+)
+from ledger.records import ContractSpec
+from web import billing_bridge
+from web.accounts import Principal
+from web.errors import Conflict, Invalid, NotFound
+from web.views import Row, ViewCache, YearView, compute_year_view, log_size
+
+STATUSES = ("resolved", "rolled_back", "failed", "pending", "excluded", "not_covered")
+CLASSES = ("unplanned", "preemptive", "planned")
+MAX_PER_PAGE = 200
+
+
+def _mine(principal: Principal, query: Any, customer_column: Any) -> Any:
+    if principal.is_staff:
+        return query
+    if not principal.customer:
+        return query.where(False)
+    return query.where(customer_column == principal.customer)
+
+
+def visible_contracts(session: Session, principal: Principal) -> list[Contract]:
+    """The contracts the caller may see, by id."""
+    q = _mine(principal, select(Contract).order_by(Contract.contract_id), Contract.customer)
+    return list(session.execute(q).scalars())
+
+
+def visible_size(session: Session, principal: Principal, contract_id: str) -> int:
+    """The size of the contract's log if the caller may see the contract, else NotFound.
+
+    One indexed query, the same whether the contract is another customer's or missing.
+    """
+    q = _mine(
+        principal,
+        select(Contract.contract_id, LedgerLog.size)
+        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
+        .where(Contract.contract_id == contract_id),
+        Contract.customer,
+    )
+    row = session.execute(q).first()
+    if row is None:
+        raise NotFound()
+    return int(row[1] or 0)
+
+
+def contract_for(
+    session: Session, principal: Principal, contract_id: str, cache: ViewCache | None = None
+) -> ContractSpec:
+    """The contract ``contract_id`` if the caller may see it, else :class:`NotFound`."""
+    size = visible_size(session, principal, contract_id)
+
+    def load() -> ContractSpec:
+        try:
+            return get_contract(session, contract_id)
+        except UnknownContract:
+            raise NotFound() from None
+
+    if cache is None:
+        return load()
+    spec: ContractSpec = cache.memo(("spec", contract_id, size), load)
+    return spec
+
+
+def pick_year(contract: ContractSpec, term_years: int, year: int | None, now: datetime) -> int:
+    """Contract year ``year`` (default the current one); NotFound outside the term."""
+    if year is None:
+        k = year_of(contract.start_date, contract.timezone, now) or 1
+        return min(k, term_years)
+    if not 1 <= year <= term_years:
+        raise NotFound(f"Contract year {year} is outside this contract's term.")
+    return year
+
+
+def in_force(session: Session, contract_id: str, year: int | None, now: datetime) -> InForce:
+    """The contract as amended for ``year`` (default: the current year), with its terms."""
+    base = contract_in_force(session, contract_id, 1)
+    k = pick_year(base.contract, base.term_years, year, now)
+    return base if k == 1 else contract_in_force(session, contract_id, k)
+
+
+def term_years(session: Session, contract_id: str, cache: ViewCache) -> int:
+    """The number of years of the term, renewals included."""
+    size = log_size(session, contract_id)
+    base: InForce = cache.memo(
+        ("in_force", contract_id, size), lambda: contract_in_force(session, contract_id, 1)
+    )
+    return base.term_years
+
+
+def year_view(
+    session: Session,
+    principal: Principal,
+    cache: ViewCache,
+    contract_id: str,
+    year: int | None,
+    now: datetime,
+) -> YearView:
+    """The (cached) view of a contract year the caller may see."""
+    size = visible_size(session, principal, contract_id)
+    base: InForce = cache.memo(
+        ("in_force", contract_id, size), lambda: contract_in_force(session, contract_id, 1)
+    )
+    k = pick_year(base.contract, base.term_years, year, now)
+
+    def compute() -> YearView:
+        force = base if k == 1 else contract_in_force(session, contract_id, k)
+        return compute_year_view(session, force.contract, force.terms, k, now)
+
+    return cache.get((contract_id, k), size, compute)
+
+
+@dataclass(frozen=True, slots=True)
+class FailureFilter:
+    """Filters of the failures list; None (or empty) means any."""
+
+    month: str | None = None
+    failure_class: str | None = None
+    cause: str | None = None
+    status: str | None = None
+
+    def matches(self, row: Row) -> bool:
+        """True when ``row`` passes every filter."""
+        f = row.row.failure
+        return (
+            (not self.month or row.month == self.month)
+            and (not self.failure_class or f.failure_class == self.failure_class)
+            and (not self.cause or f.cause == self.cause)
+            and (not self.status or row.row.status.value == self.status)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of failure rows, newest first."""
+
+    rows: Sequence[Row]
+    total: int
+    page: int
+    per_page: int
+
+    @property
+    def pages(self) -> int:
+        """Number of pages (at least 1)."""
+        return max(1, -(-self.total // self.per_page))
+
+
+def failures_page(view: YearView, flt: FailureFilter, page: int, per_page: int) -> Page:
+    """Page ``page`` (1-based) of the year's failures that pass ``flt``, newest first."""
+    per_page = max(1, min(per_page, MAX_PER_PAGE))
+    chosen = [r for r in reversed(view.rows) if flt.matches(r)]
+    page = max(1, page)
+    lo = (page - 1) * per_page
+    return Page(rows=chosen[lo : lo + per_page], total=len(chosen), page=page, per_page=per_page)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineItem:
+    """One ledger entry about a failure: the failure, an outcome, an exclusion, a dispute…"""
+
+    kind: str
+    event_id: str
+    seq: int | None
+    at: datetime
+    title: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FailureDetail:
+    """A failure, its row in its contract year (status, lost GPU-hours) and its timeline."""
+
+    contract: ContractSpec
+    failure: Failure
+    year: int | None
+    row: Row | None
+    timeline: list[TimelineItem]
+    disputes: list[dict[str, Any]]
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound() from None
+
+
+def failure_detail(
+    session: Session,
+    principal: Principal,
+    cache: ViewCache,
+    contract_id: str,
+    event_id: str,
+    now: datetime,
+) -> FailureDetail:
+    """A failure of a contract the caller may see, with everything recorded about it."""
+    contract = contract_for(session, principal, contract_id, cache)
+    fid = _uuid(event_id)
+    failure = session.execute(
+        select(Failure).where(Failure.event_id == fid, Failure.contract_id == contract_id)
+    ).scalar_one_or_none()
+    if failure is None:
+        raise NotFound()
+    items = [
+        TimelineItem(
+            "failure",
+            str(failure.event_id),
+            failure.seq,
+            failure.occurred_at,
+            f"{failure.failure_class} failure: {failure.cause.replace('_', ' ')}",
+            {
+                "job": failure.job_id,
+                "node": failure.node,
+                "gpu": failure.gpu,
+                "step": failure.step,
+                "detail": failure.detail,
+            },
+        )
+    ]
+    outcomes = session.execute(
+        select(Outcome)
+        .where(Outcome.failure_event_id == fid, Outcome.contract_id == contract_id)
+        .order_by(Outcome.occurred_at, Outcome.seq)
+    ).scalars()
+    for n, o in enumerate(outcomes):
+        items.append(
+            TimelineItem(
+                "outcome",
+                str(o.event_id),
+                o.seq,
+                o.occurred_at,
+                ("correction: " if n else "outcome: ") + o.outcome.replace("_", " "),
+                {
+                    "lost steps": o.lost_steps,
+                    "recovery seconds": o.recovery_seconds,
+                    "step seconds": o.step_seconds,
+                    "GPUs affected": o.gpus_affected,
+                },
+            )
+        )
+    exclusions = session.execute(
+        select(Exclusion)
+        .where(Exclusion.failure_event_id == fid, Exclusion.contract_id == contract_id)
+        .order_by(Exclusion.occurred_at, Exclusion.seq)
+    ).scalars()
+    for x in exclusions:
+        items.append(
+            TimelineItem(
+                "exclusion",
+                str(x.event_id),
+                x.seq,
+                x.occurred_at,
+                "excluded from the guarantee",
+                {"reason": x.reason, "approved by": x.approved_by},
+            )
+        )
+    items.extend(
+        TimelineItem(**t) for t in billing_bridge.failure_timeline(session, contract_id, fid)
+    )
+    items.sort(key=lambda t: (t.at, t.seq if t.seq is not None else -1))
+    year = year_of(contract.start_date, contract.timezone, failure.occurred_at)
+    row = None
+    if year is not None and 1 <= year <= term_years(session, contract_id, cache):
+        row = year_view(session, principal, cache, contract_id, year, now).by_id.get(
+            str(failure.event_id)
+        )
+    disputes = billing_bridge.disputes_of_failure(session, contract_id, fid)
+    return FailureDetail(contract, failure, year, row, items, disputes)
+
+
+def entry_proof(
+    session: Session, principal: Principal, contract_id: str, event_id: str
+) -> dict[str, Any]:
+    """The inclusion proof bundle of an entry of a contract the caller may see."""
+    from ledger.services import inclusion_bundle
+
+    contract_for(session, principal, contract_id)
+    eid = _uuid(event_id)
+    log_id = session.execute(
+        select(JournalEntry.log_id).where(JournalEntry.event_id == eid)
+    ).scalar_one_or_none()
+    if log_id != contract_id:
+        raise NotFound()
+    try:
+        return inclusion_bundle(session, str(eid))
+    except UnknownEntry:
+        raise NotFound() from None
+    except LedgerError:
+        raise Conflict(
+            "This entry is not covered by a signed checkpoint yet. Proofs become available "
+            "once the operator signs the next checkpoint (usually within the hour)."
+        ) from None
+
+
+def checkpoints(session: Session, principal: Principal, contract_id: str) -> list[Checkpoint]:
+    """Every signed checkpoint of a contract's log, newest first."""
+    contract_for(session, principal, contract_id)
+    return list(
+        session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.log_id == contract_id)
+            .order_by(Checkpoint.tree_size.desc())
+        ).scalars()
+    )
+
+
+def consistency(
+    session: Session, principal: Principal, contract_id: str, size1: int, size2: int
+) -> dict[str, Any]:
+    """A consistency proof between two signed checkpoints of a contract's log."""
+    from ledger.services import consistency_bundle
+
+    contract_for(session, principal, contract_id)
+    if size1 > size2:
+        size1, size2 = size2, size1
+    try:
+        return consistency_bundle(session, contract_id, size1, size2)
+    except LedgerError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def months_so_far(view: YearView) -> list[str]:
+    """Months of the year that have begun (newest first): those with a report."""
+    return [m.label for m in reversed(view.months) if m.start < view.now]
+
+
+def parse_month(value: str | None) -> tuple[int, int] | None:
+    """``YYYY-MM`` as (year, month); None for empty; :class:`NotFound` when malformed."""
+    if not value:
+        return None
+    try:
+        d = date.fromisoformat(value + "-01")
+    except ValueError:
+        raise NotFound() from None
+    return d.year, d.month

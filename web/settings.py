@@ -1,0 +1,59 @@
+"""Settings of the portal, read lazily from the environment (nothing at import time)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WebSettings(BaseSettings):
+    """How the portal signs cookies, limits logins and caches figures."""
+
+    model_config = SettingsConfigDict(env_prefix="YOCO_WEB_", extra="ignore", case_sensitive=False)
+
+    #: Secret for signed cookies and CSRF tokens; when unset, a random key is kept in
+    #: ``<data dir>/keys/web-secret`` (mode 0600) so sessions survive restarts.
+    secret_key: str | None = None
+    #: ``auto``: cookies are Secure when the request came over HTTPS; ``always`` / ``never``.
+    secure_cookies: str = "auto"
+    session_hours: float = 12.0
+    #: Failed logins allowed per account, and per client address, in the window.
+    login_failures_per_account: int = 5
+    login_failures_per_address: int = 30
+    login_window_minutes: float = 15.0
+    #: Seconds a contract year's figures are reused (they are also recomputed as soon
+    #: as the contract's log grows).
+    figures_ttl_seconds: float = 60.0
+    #: Seconds a live session is trusted without asking the database again (logging out
+    #: in this process ends it at once; 0 asks every time).
+    session_cache_seconds: float = 10.0
+    #: Largest ``POST /api/v1/records`` batch, in records and in bytes.
+    max_batch_records: int = 10_000
+    max_batch_bytes: int = 16 * 1024 * 1024
+    #: Database connections of the portal role.
+    pool_size: int = Field(default=10, ge=1)
+    max_overflow: int = Field(default=20, ge=0)
+
+
+def resolve_secret(settings: WebSettings, data_dir: Path) -> bytes:
+    """The cookie-signing secret: the configured one, else a key file created on first use."""
+    if settings.secret_key:
+        return settings.secret_key.encode()
+    path = data_dir / "keys" / "web-secret"
+    if path.exists():
+        return path.read_text().strip().encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(48)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it first
+        return path.read_text().strip().encode()
+    try:
+        os.write(fd, key.encode())
+    finally:
+        os.close(fd)
+    return key.encode()

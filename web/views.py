@@ -1,0 +1,268 @@
+"""Contract-year views: the figures, the monthly series and the failure rows of one year.
+
+One load of the year's records gives everything the dashboard, the failures list and
+the operator overview show.  Views are cached per (contract, year) and reused while
+the contract's log has not grown and they are younger than a TTL (running jobs make
+allocated GPU-hours grow with time); while one thread recomputes a stale view, others
+get the previous one instead of queueing behind it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing import sla
+from billing.services import load_period
+from billing.terms import Terms
+from billing.years import contract_year_bounds, month_bounds
+from ledger.models import LedgerLog
+from ledger.records import ContractSpec
+
+
+@dataclass(frozen=True, slots=True)
+class MonthFigures:
+    """Figures of one calendar month (clipped to the contract year)."""
+
+    label: str
+    start: datetime
+    end: datetime
+    figures: sla.SlaFigures | None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A failure row of the list, with its month (YYYY-MM in the contract's zone)."""
+
+    row: sla.FailureRow
+    month: str
+
+    @property
+    def event_id(self) -> str:
+        """The failure's event id."""
+        return self.row.failure.event_id
+
+
+@dataclass(frozen=True, slots=True)
+class YearView:
+    """Everything shown about one contract year, computed at ``now``."""
+
+    contract: ContractSpec
+    terms: Terms
+    year: int
+    start: datetime
+    end: datetime
+    now: datetime
+    log_size: int
+    figures: sla.SlaFigures
+    months: tuple[MonthFigures, ...]
+    rows: tuple[Row, ...]
+    by_id: dict[str, Row] = field(repr=False)
+    credit: dict[str, Any] | None = None
+    closed: dict[str, Any] | None = None
+
+    @property
+    def causes(self) -> list[str]:
+        """Causes that occur this year, sorted."""
+        return sorted({r.row.failure.cause for r in self.rows})
+
+
+def log_size(session: Session, contract_id: str) -> int:
+    """The size of the contract's log (0 when empty); what invalidates cached views."""
+    size = session.execute(
+        select(LedgerLog.size).where(LedgerLog.log_id == contract_id)
+    ).scalar_one_or_none()
+    return int(size or 0)
+
+
+def _months(start: datetime, end: datetime, tz: str) -> list[tuple[str, datetime, datetime]]:
+    zone = ZoneInfo(tz)
+    local = start.astimezone(zone)
+    y, m = local.year, local.month
+    out = []
+    while True:
+        ms, me = month_bounds(y, m, tz)
+        if ms >= end:
+            break
+        out.append((f"{y:04d}-{m:02d}", max(ms, start), min(me, end)))
+        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
+    return out
+
+
+def compute_year_view(
+    session: Session, contract: ContractSpec, terms: Terms, year: int, now: datetime
+) -> YearView:
+    """Load contract year ``year`` once and compute its figures, months and rows.
+
+    ``contract`` and ``terms`` are those in force for that year (after amendments).
+    """
+    start, end = contract_year_bounds(contract.start_date, contract.timezone, year)
+    size = log_size(session, contract.contract_id)
+    recs = load_period(session, contract.contract_id, start, end)
+    figures = sla.compute_figures(
+        terms=terms,
+        period_start=start,
+        period_end=end,
+        now=now,
+        failures=recs.failures,
+        outcomes=recs.outcomes,
+        exclusions=recs.exclusions,
+        jobs=recs.jobs,
+    )
+    rows = sla.failure_rows(
+        terms=terms,
+        period_start=start,
+        period_end=end,
+        failures=recs.failures,
+        outcomes=recs.outcomes,
+        exclusions=recs.exclusions,
+    )
+    month_list = _months(start, end, contract.timezone)
+    zone = ZoneInfo(contract.timezone)
+    by_month: dict[str, list[sla.Failure]] = defaultdict(list)
+    for f in recs.failures:
+        by_month[f.occurred_at.astimezone(zone).strftime("%Y-%m")].append(f)
+    outcomes_of: dict[str, list[sla.Outcome]] = defaultdict(list)
+    for o in recs.outcomes:
+        outcomes_of[o.failure_event_id].append(o)
+    excl_of: dict[str, list[sla.Exclusion]] = defaultdict(list)
+    for x in recs.exclusions:
+        excl_of[x.failure_event_id].append(x)
+    months = []
+    for label, ms, me in month_list:
+        if ms >= now:
+            months.append(MonthFigures(label, ms, me, None))
+            continue
+        fs = by_month.get(label, [])
+        months.append(
+            MonthFigures(
+                label,
+                ms,
+                me,
+                sla.compute_figures(
+                    terms=terms,
+                    period_start=ms,
+                    period_end=me,
+                    now=now,
+                    failures=fs,
+                    outcomes=[o for f in fs for o in outcomes_of.get(f.event_id, ())],
+                    exclusions=[x for f in fs for x in excl_of.get(f.event_id, ())],
+                    jobs=recs.jobs,
+                ),
+            )
+        )
+    view_rows = tuple(
+        Row(r, r.failure.occurred_at.astimezone(zone).strftime("%Y-%m")) for r in rows
+    )
+    from web import billing_bridge
+
+    credit = billing_bridge.credit_status(session, contract.contract_id, year)
+    closed = billing_bridge.year_closes(session, contract.contract_id).get(year)
+    return YearView(
+        contract=contract,
+        terms=terms,
+        year=year,
+        start=start,
+        end=end,
+        now=now,
+        log_size=size,
+        figures=figures,
+        months=tuple(months),
+        rows=view_rows,
+        by_id={r.event_id: r for r in view_rows},
+        credit=credit,
+        closed=closed,
+    )
+
+
+class ViewCache:
+    """Year views by (contract, year), fresh while the log is unchanged and under the TTL."""
+
+    def __init__(self, ttl_seconds: float, max_entries: int = 256) -> None:
+        self.ttl = ttl_seconds
+        self.max_entries = max_entries
+        self._views: dict[tuple[str, int], tuple[float, YearView]] = {}
+        self._locks: dict[tuple[str, int], threading.Lock] = defaultdict(threading.Lock)
+        self._guard = threading.Lock()
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def get(
+        self,
+        key: tuple[str, int],
+        size: int,
+        compute: Callable[[], YearView],
+    ) -> YearView:
+        """The cached view of ``key`` if fresh, else one computed now (once, not per caller)."""
+        cached = self._views.get(key)
+        if cached and self._fresh(cached, size):
+            return cached[1]
+        with self._guard:
+            lock = self._locks[key]
+        if cached is not None and not lock.acquire(blocking=False):
+            return cached[1]  # someone is recomputing: the previous view meanwhile
+        if cached is None:
+            lock.acquire()
+        try:
+            again = self._views.get(key)
+            if again and self._fresh(again, size):
+                return again[1]
+            view = compute()
+            if len(self._views) >= self.max_entries:
+                oldest = min(self._views, key=lambda k: self._views[k][0])
+                self._views.pop(oldest, None)
+            self._views[key] = (time.monotonic(), view)
+            return view
+        finally:
+            lock.release()
+
+    def memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """A value that never changes for ``key`` (keys carry the log size), computed once."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            pass
+        value = compute()
+        if len(self._memo) >= 4 * self.max_entries:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    def _fresh(self, entry: tuple[float, YearView], size: int) -> bool:
+        at, view = entry
+        return view.log_size == size and time.monotonic() - at < self.ttl
+
+    def clear(self) -> None:
+        """Forget every view."""
+        self._views.clear()
+        self._memo.clear()
+
+
+def projected_margin(view: YearView) -> tuple[bool, float]:
+    """(at risk, margin): whether the year so far is below its threshold, and by how much.
+
+    Pending failures count as unresolved, as in the figures.  The margin (resolution rate
+    minus threshold, in points) sorts contracts most at risk first; with no covered
+    failure it is the full headroom.
+    """
+    f = view.figures
+    if f.covered_failures == 0:
+        return False, 100.0
+    rate = 100.0 * f.resolved_failures / f.covered_failures
+    margin = rate - float(f.threshold_percent)
+    return margin < 0, margin
+
+
+def elapsed_share(view: YearView) -> float:
+    """The share of the contract year that has passed at ``view.now`` (0..1)."""
+    total = (view.end - view.start) / timedelta(seconds=1)
+    done = (min(max(view.now, view.start), view.end) - view.start) / timedelta(seconds=1)
+    return done / total if total > 0 else 1.0

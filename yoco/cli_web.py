@@ -1,0 +1,177 @@
+"""``yoco serve``, ``yoco users …`` and ``yoco tokens …``: the portal from the command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from yoco.cli import application, err, fail, out
+
+users_app = typer.Typer(help="Portal users: customers' people, operators, finance.",
+                        no_args_is_help=True)
+tokens_app = typer.Typer(help="API tokens: ingest tokens for runtimes, read tokens for "
+                         "customers' tooling.", no_args_is_help=True)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    proxy_headers: Annotated[
+        bool,
+        typer.Option(help="Trust X-Forwarded-Proto/For from a local reverse proxy "
+                     "(cookies get Secure when it says https)."),
+    ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(min=1, max=64,
+                     help="Worker processes (uvicorn workers; about one per CPU core). Each "
+                     "keeps its own figures and page caches; sessions and rate limits are "
+                     "in the database."),
+    ] = 1,
+) -> None:
+    """Run the portal and the JSON API (uvicorn), on the embedded database by default."""
+    import os
+
+    import uvicorn
+
+    with application() as ctx:
+        url = ctx.database.url  # starts the embedded server now, before uvicorn
+        from yoco.database import redact
+
+        err.print(f"database: {redact(url)}", highlight=False, soft_wrap=True)
+        err.print(f"portal on http://{host}:{port}/  (API schema: /api/openapi.json)"
+                  + (f", {workers} workers" if workers > 1 else ""), highlight=False)
+        options: dict[str, object] = {
+            "host": host,
+            "port": port,
+            "proxy_headers": proxy_headers,
+            "forwarded_allow_ips": "127.0.0.1" if proxy_headers else None,
+            "access_log": False,
+            "log_level": "info",
+        }
+        if workers == 1:
+            from web.app import create_app
+
+            uvicorn.run(create_app(ctx), **options)  # type: ignore[arg-type]
+            return
+        # Worker processes build their own app from the environment: point them at the
+        # database this process has started (the embedded server lives as long as we do)
+        # and at the same data folder (the cookie secret and the signing keys).
+        os.environ["DATABASE_URL"] = url
+        os.environ["YOCO_DATA_DIR"] = str(ctx.settings.data_dir)
+        if not os.environ.get("YOCO_WEB_SECRET_KEY"):
+            from web.settings import WebSettings, resolve_secret
+
+            resolve_secret(WebSettings(), ctx.settings.data_dir)  # created once, here
+        uvicorn.run("web.app:app_from_environment", factory=True, workers=workers,
+                    **options)  # type: ignore[arg-type]
+
+
+def _password(from_stdin: bool) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    value: str = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    return value
+
+
+@users_app.command("add")
+def users_add(
+    email: Annotated[str, typer.Option(help="E-mail address (the login).")],
+    role: Annotated[str, typer.Option(help="customer, operator or finance.")] = "customer",
+    customer: Annotated[
+        str | None, typer.Option(help="The customer (as on its contracts); customer users only.")
+    ] = None,
+    name: Annotated[str, typer.Option(help="Display name.")] = "",
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read the password from standard input.")
+    ] = False,
+) -> None:
+    """Create a portal user; the password is asked for (or read from stdin), stored as argon2id."""
+    from web.accounts import add_user, customer_exists
+    from web.errors import WebError
+    from web.security import password_hasher
+    from yoco.database import unit_of_work
+
+    password = _password(password_stdin)
+    with application() as ctx:
+        try:
+            with unit_of_work(ctx.engine) as s:
+                user = add_user(s, password_hasher(), email=email, name=name or email,
+                                role=role, password=password, customer=customer)
+                known = customer is None or customer_exists(s, customer)
+        except WebError as exc:
+            fail(exc.message)
+    out.print(f"created {user.role} user {user.email}"
+              + (f" of customer {user.customer!r}" if user.customer else ""), highlight=False)
+    if not known:
+        err.print(f"note: no contract belongs to customer {customer!r} yet", highlight=False)
+
+
+@users_app.command("list")
+def users_list() -> None:
+    """List portal users."""
+    from sqlalchemy import select
+
+    from web.models import PortalUser
+    from yoco.database import unit_of_work
+
+    with application() as ctx, unit_of_work(ctx.engine) as s:
+        for u in s.execute(select(PortalUser).order_by(PortalUser.email)).scalars():
+            state = " (disabled)" if u.disabled else ""
+            out.print(f"{u.email}\t{u.role}\t{u.customer or '-'}{state}", highlight=False)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: Annotated[str, typer.Option(help="What the token is for, e.g. runtime-eu-1.")],
+    contract: Annotated[
+        list[str] | None,
+        typer.Option("--contract", help="A contract it may post records for (repeat)."),
+    ] = None,
+    customer: Annotated[
+        str | None, typer.Option(help="A customer whose data it may read through the API.")
+    ] = None,
+) -> None:
+    """Create an API token and print it ONCE (only its SHA-256 is stored)."""
+    from web.accounts import create_token
+    from web.errors import WebError
+    from yoco.database import unit_of_work
+
+    with application() as ctx:
+        try:
+            with unit_of_work(ctx.engine) as s:
+                made = create_token(s, name=name, contract_ids=contract, customer=customer)
+                prefix = made.row.prefix
+        except WebError as exc:
+            fail(exc.message)
+    scope = []
+    if contract:
+        scope.append("post records for " + ", ".join(sorted(set(contract))))
+    if customer:
+        scope.append(f"read {customer!r}'s data")
+    err.print(f"token {prefix} ({name}) may " + " and ".join(scope) + ".", highlight=False)
+    err.print("It is shown once, now; store it as a secret:", highlight=False)
+    print(made.text)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    prefix: Annotated[str, typer.Argument(help="The token's prefix, yoco_xxxxxxxx.")],
+) -> None:
+    """Revoke a token (it stops working at once)."""
+    from web.accounts import revoke_token
+    from yoco.database import unit_of_work
+
+    with application() as ctx, unit_of_work(ctx.engine) as s:
+        if not revoke_token(s, prefix):
+            fail(f"no live token has prefix {prefix!r}")
+    out.print(f"revoked {prefix}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``users`` and ``tokens`` to the ``yoco`` command."""
+    app.command("serve")(serve)
+    app.add_typer(users_app, name="users")
+    app.add_typer(tokens_app, name="tokens")
