@@ -63,13 +63,12 @@ class AmendmentResult:
     created: bool
 
 
-def _rows(session: Session, contract_id: str) -> list[Amendment]:
+def _rows(session: Session, contract_id: str, tree_size: int | None = None) -> list[Amendment]:
+    query = select(Amendment).where(Amendment.contract_id == contract_id)
+    if tree_size is not None:
+        query = query.where(Amendment.seq < tree_size)
     return list(
-        session.execute(
-            select(Amendment)
-            .where(Amendment.contract_id == contract_id)
-            .order_by(Amendment.effective_date, Amendment.seq)
-        ).scalars()
+        session.execute(query.order_by(Amendment.effective_date, Amendment.seq)).scalars()
     )
 
 
@@ -99,15 +98,19 @@ def _applies(row: Amendment, year_start: date, year_end: date) -> bool:
     return bool(row.applies_to_year_in_progress) and row.effective_date < year_end
 
 
-def contract_in_force(session: Session, contract_id: str, year: int) -> InForce:
+def contract_in_force(
+    session: Session, contract_id: str, year: int, *, tree_size: int | None = None
+) -> InForce:
     """The contract as amended for contract year ``year`` (terms in force at its start).
 
     Raises :class:`~ledger.errors.UnknownContract` for an unknown contract.  Promises:
     with no amendments, the contract as recorded; ``term_years`` is the term extended
-    by every renewal recorded so far.
+    by every renewal recorded so far (with ``tree_size``: only amendments among the
+    first ``tree_size`` entries of the contract's log count, as a report over a signed
+    checkpoint needs).
     """
     base = get_contract(session, contract_id)
-    rows = _rows(session, contract_id)
+    rows = _rows(session, contract_id, tree_size)
     if not rows:
         return InForce(
             contract=base,

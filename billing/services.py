@@ -27,7 +27,7 @@ from sqlalchemy.types import Text
 from billing import sla
 from billing.amendments import InForce, contract_in_force
 from billing.errors import PeriodOutOfRange
-from billing.models import BillingYear, Credit
+from billing.models import BillingYear, Credit, CreditApplication
 from billing.money import format_minor
 from billing.terms import Terms
 from billing.years import contract_year_bounds, month_bounds, year_of
@@ -388,7 +388,9 @@ def credit_json(c: Credit) -> dict[str, Any]:
     }
 
 
-def credit_status(session: Session, contract_id: str, year: int) -> dict[str, Any] | None:
+def credit_status(
+    session: Session, contract_id: str, year: int, *, tree_size: int | None = None
+) -> dict[str, Any] | None:
     """The credit of contract year ``year``, or None when none was ever issued for it.
 
     Returns the live credit (issued, partially_applied or applied) when there is one,
@@ -396,21 +398,65 @@ def credit_status(session: Session, contract_id: str, year: int) -> dict[str, An
     (``CN-<contract>-Y<k>``), ``status``, ``currency``, ``amount`` (decimal string at the
     currency's exponent), ``minor_units``, ``applied_amount`` / ``applied_minor_units``,
     ``remaining_amount`` / ``remaining_minor_units`` (0 when void), ``issued_at``,
-    ``voided_at``, …  Raises :class:`~ledger.errors.UnknownContract` for an unknown
-    contract.  Read-only; cheap (one indexed query).
+    ``voided_at``, …  With ``tree_size``, the credit as the first ``tree_size`` entries
+    of the contract's log left it (credits, voids and applications recorded later are
+    ignored), so a report over a signed checkpoint never changes.  Raises
+    :class:`~ledger.errors.UnknownContract` for an unknown contract.  Read-only.
     """
-    rows = list(
-        session.execute(
-            select(Credit)
-            .where(Credit.contract_id == contract_id, Credit.year == year)
-            .order_by(Credit.seq.desc())
-        ).scalars()
-    )
+    query = select(Credit).where(Credit.contract_id == contract_id, Credit.year == year)
+    if tree_size is not None:
+        query = query.where(Credit.seq < tree_size)
+    rows = list(session.execute(query.order_by(Credit.seq.desc())).scalars())
     if not rows:
         get_contract(session, contract_id)
         return None
-    live = [c for c in rows if c.status != "void"]
-    return credit_json(live[0] if live else rows[0])
+    if tree_size is None:
+        live = [c for c in rows if c.status != "void"]
+        return credit_json(live[0] if live else rows[0])
+    views = [_credit_at(session, c, tree_size) for c in rows]
+    live_views = [v for v in views if v["status"] != "void"]
+    return live_views[0] if live_views else views[0]
+
+
+def _credit_at(session: Session, c: Credit, tree_size: int) -> dict[str, Any]:
+    """:func:`credit_json` of ``c`` as of the first ``tree_size`` entries of its log."""
+    from sqlalchemy import func
+
+    from ledger.models import JournalEntry
+
+    view = credit_json(c)
+    voided = False
+    if c.void_event_id is not None:
+        void_seq = session.execute(
+            select(JournalEntry.seq).where(JournalEntry.event_id == c.void_event_id)
+        ).scalar_one_or_none()
+        voided = void_seq is not None and void_seq < tree_size
+    applied = int(
+        session.execute(
+            select(func.coalesce(func.sum(CreditApplication.amount_minor), 0)).where(
+                CreditApplication.credit_id == c.credit_id,
+                CreditApplication.seq < tree_size,
+            )
+        ).scalar_one()
+    )
+    if voided:
+        status = "void"
+    elif applied == 0:
+        status = "issued"
+    elif applied >= c.amount_minor:
+        status = "applied"
+    else:
+        status = "partially_applied"
+    remaining = 0 if voided else c.amount_minor - applied
+    view.update(
+        status=status,
+        applied_amount=format_minor(applied, c.currency),
+        applied_minor_units=applied,
+        remaining_amount=format_minor(remaining, c.currency),
+        remaining_minor_units=remaining,
+        voided_at=view["voided_at"] if voided else None,
+    )
+    return view
 
 
 def credits_of(session: Session, contract_id: str) -> list[dict[str, Any]]:

@@ -149,7 +149,9 @@ def select_checkpoint(
     return cp
 
 
-def _in_force(session: Session, contract_id: str, k: int) -> tuple[ContractSpec, Terms, int]:
+def _in_force(
+    session: Session, contract_id: str, k: int, tree_size: int | None = None
+) -> tuple[ContractSpec, Terms, int]:
     """The contract, terms and term length in force for contract year ``k``: after
     billing's amendments where billing records them (as ``yoco sla`` uses), else as
     recorded."""
@@ -158,7 +160,7 @@ def _in_force(session: Session, contract_id: str, k: int) -> tuple[ContractSpec,
     except ImportError:  # pragma: no cover - billing without amendments
         contract = get_contract(session, contract_id)
         return contract, terms_of(contract), contract.term_years
-    f = contract_in_force(session, contract_id, k)
+    f = contract_in_force(session, contract_id, k, tree_size=tree_size)
     return f.contract, f.terms, f.term_years
 
 
@@ -477,8 +479,9 @@ def prepare_monthly_report(
         )
     k = year_of(contract.start_date, tz, m_start) or 1
     k = min(k, term_years)
-    if k != 1:
-        contract, terms, _ = _in_force(session, contract_id, k)
+    # The terms as the checkpoint's entries leave them: amendments recorded after it
+    # never change a report over it.
+    contract, terms, _ = _in_force(session, contract_id, k, cp.tree_size)
     y_start, y_end = contract_year_bounds(contract.start_date, tz, k)
     ytd_end = min(m_end, y_end)
     recs = load_at_checkpoint(session, contract_id, min(y_start, m_start), m_end, cp.tree_size)

@@ -106,3 +106,19 @@ def test_money_is_decimal_or_string_and_credit_id_works_too(engine, credit):
         cid = credit_status(s, "C-1", 1)["credit_id"]
     r = _apply(engine, cid, "INV-1", Decimal("10.50"))
     assert r.applied_minor_units == 1050
+
+
+def test_credit_status_as_of_a_tree_size_ignores_later_applications(engine, credit):
+    from ledger.journal import log_size
+
+    with Session(engine) as s:
+        before = log_size(s, "C-1")
+    _apply(engine, credit, "INV-1", "500000.00", amount="100000.00")
+    with Session(engine) as s:
+        now = credit_status(s, "C-1", 1)
+        then = credit_status(s, "C-1", 1, tree_size=before)
+        none_yet = credit_status(s, "C-1", 1, tree_size=1)
+    assert now["status"] == "partially_applied" and now["applied_amount"] == "100000.00"
+    assert then["status"] == "issued" and then["applied_amount"] == "0.00"
+    assert then["remaining_amount"] == "250000.00" and then["credit_note"] == credit
+    assert none_yet is None
