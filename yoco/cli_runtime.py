@@ -13,17 +13,16 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from runtime.control import default_runs_root
-from runtime.control import drain as file_drain
-from runtime.errors import ConfigError, DrainError
-from runtime.faults import parse_fault
-from runtime.sink import SinkSpec, parse_sink_spec
-from runtime.supervisor import LaunchConfig, launch
+if TYPE_CHECKING:
+    from runtime.sink import SinkSpec
 
-SinkHook = Callable[[], SinkSpec | None]
+# The runtime (and torch, ~3 s to import) is imported inside the commands, so that
+# every other ``yoco`` command starts without it.
+SinkHook = Callable[[], "SinkSpec | None"]
 _default_sink: SinkHook | None = None  # None: the ledger for a named contract
 
 
@@ -33,6 +32,8 @@ def _ledger_sink_for(contract: str) -> SinkSpec | None:
         return None
     from ledger.contracts import get_contract
     from ledger.errors import UnknownContract
+    from runtime.errors import ConfigError
+    from runtime.sink import SinkSpec
     from yoco.app import App
     from yoco.database import unit_of_work
 
@@ -108,6 +109,11 @@ def run(
     to its last checkpoint. Every start, progress, failure and outcome is written to a
     durable outbox and delivered to the sink. Arguments after SCRIPT go to the script.
     """
+    from runtime.errors import ConfigError
+    from runtime.faults import parse_fault
+    from runtime.sink import parse_sink_spec
+    from runtime.supervisor import LaunchConfig, launch
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         kwargs = dict(a.split("=", 1) for a in sink_arg)
@@ -155,6 +161,10 @@ def drain(
     A hot spare takes the worker's rank and receives the state from a healthy replica;
     the drained worker then exits. The move is recorded as a planned failure event.
     """
+    from runtime.control import default_runs_root
+    from runtime.control import drain as file_drain
+    from runtime.errors import DrainError
+
     try:
         name = file_drain(job, worker, runs_root=runs_root or default_runs_root(),
                           reason=reason)
