@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -45,6 +45,31 @@ SECURITY_HEADERS = {
         "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
     ),
 }
+
+
+_HEADER_BYTES = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every HTTP response that does not set them."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                headers.extend((k, v) for k, v in _HEADER_BYTES if k not in present)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _is_api(request: Request) -> bool:
@@ -161,6 +186,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = (
+            portal.settings.threads
+        )
         yield
         portal.close()
 
@@ -189,14 +219,9 @@ def create_app(
     app.add_exception_handler(BillingError, _any_error)
     app.add_exception_handler(ReportError, _any_error)
 
-    @app.middleware("http")
-    async def _headers(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        for k, v in SECURITY_HEADERS.items():
-            response.headers.setdefault(k, v)
-        return response
+    # A plain ASGI middleware: Starlette's BaseHTTPMiddleware (``@app.middleware``)
+    # costs a task and a memory stream per request.
+    app.add_middleware(SecurityHeaders)
 
     return app
 

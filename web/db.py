@@ -44,6 +44,16 @@ def scope_settings(principal: Principal) -> tuple[str, str]:
     return principal.customer or "", ""
 
 
+_PROBE = (
+    "SELECT set_config('yoco.customer', %(c)s, true), set_config('yoco.scope', %(s)s, true); "
+    "SELECT c.contract_id, l.size FROM contracts AS c "
+    "LEFT OUTER JOIN ledger_logs AS l ON l.log_id = c.contract_id "
+    "WHERE c.contract_id = %(id)s"
+)
+_PROBE_STAFF = _PROBE
+_PROBE_CUSTOMER = _PROBE + " AND c.customer = %(c)s AND %(c)s <> ''"
+
+
 class PortalDb:
     """The portal role's engine and the application role's engine of one app."""
 
@@ -83,6 +93,40 @@ class PortalDb:
             raise
         finally:
             session.close()
+
+    def visible_size(self, principal: Principal, contract_id: str) -> int | None:
+        """The contract's log size if ``principal`` may see the contract, else None.
+
+        The same check as :func:`web.services.visible_size` (the customer filter in the
+        query, under row-level security scoped to the caller), in ONE round trip: the
+        two statements go as one simple query on a connection in autocommit mode, which
+        PostgreSQL runs as one implicit transaction, so the ``SET LOCAL``-style settings
+        apply to the second statement and are gone when it ends.  Parameters are bound
+        client-side by psycopg's ``ClientCursor`` (quoted as literals).
+        """
+        import psycopg
+
+        customer, scope = scope_settings(principal)
+        sql = _PROBE_STAFF if principal.is_staff else _PROBE_CUSTOMER
+        params = {"c": customer, "s": scope, "id": contract_id}
+        fairy = self.read_engine.raw_connection()
+        try:
+            conn = fairy.driver_connection
+            assert isinstance(conn, psycopg.Connection)
+            was = conn.autocommit
+            conn.autocommit = True  # the pool hands out idle connections: no transaction
+            try:
+                with psycopg.ClientCursor(conn) as cur:
+                    cur.execute(sql, params)
+                    cur.nextset()
+                    row = cur.fetchone()
+            finally:
+                conn.autocommit = was
+        finally:
+            fairy.close()
+        if row is None:
+            return None
+        return int(row[1] or 0)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

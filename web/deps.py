@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Form, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from web.accounts import Principal, principal_of_user, session_user, token_principal
 from web.errors import CsrfFailed, Forbidden, LoginRequired, NotFound
@@ -28,7 +29,41 @@ def get_portal(request: Request) -> Portal:
     return portal
 
 
-PortalDep = Annotated[Portal, Depends(get_portal)]
+async def _portal(request: Request) -> Portal:
+    # async: FastAPI would run a plain function in the thread pool (a thread hop per request)
+    return get_portal(request)
+
+
+PortalDep = Annotated[Portal, Depends(_portal)]
+_UNKNOWN = object()
+
+
+def _known_caller(request: Request, portal: Portal) -> Principal | object | None:
+    """The caller when that needs no database query (a session seen lately), else _UNKNOWN."""
+    if hasattr(request.state, "principal"):
+        cached: Principal | None = request.state.principal
+        return cached
+    if request.headers.get("authorization") is not None:
+        return _UNKNOWN
+    token = portal.signer.session_token(
+        request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
+    )
+    if not token:
+        request.state.principal = None
+        return None
+    found = portal.sessions.get(token)
+    if found is None:
+        return _UNKNOWN
+    request.state.principal = found
+    return found
+
+
+async def caller_async(request: Request, portal: Portal) -> Principal | None:
+    """:func:`caller` without leaving the event loop when no database query is needed."""
+    known = _known_caller(request, portal)
+    if known is _UNKNOWN:
+        return await run_in_threadpool(caller, request, portal)
+    return known  # type: ignore[return-value]
 
 
 def caller(request: Request, portal: Portal) -> Principal | None:
@@ -64,17 +99,17 @@ def caller(request: Request, portal: Portal) -> Principal | None:
     return found
 
 
-def current_user(request: Request, portal: PortalDep) -> Principal:
+async def current_user(request: Request, portal: PortalDep) -> Principal:
     """A logged-in person (pages); :class:`LoginRequired` otherwise."""
-    who = caller(request, portal)
+    who = await caller_async(request, portal)
     if who is None or who.kind != "user":
         raise LoginRequired()
     return who
 
 
-def api_reader(request: Request, portal: PortalDep) -> Principal:
+async def api_reader(request: Request, portal: PortalDep) -> Principal:
     """A person or a token allowed to read its customer's data (API)."""
-    who = caller(request, portal)
+    who = await caller_async(request, portal)
     if who is None:
         raise LoginRequired("Send a session cookie or an 'Authorization: Bearer' token.")
     if not who.can_read:

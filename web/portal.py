@@ -18,6 +18,7 @@ from fastapi.templating import Jinja2Templates
 
 from web.accounts import Principal
 from web.db import PortalDb, portal_engine
+from web.pagecache import PageCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
 from web.views import ViewCache
@@ -72,6 +73,7 @@ class Portal:
         self.settings = settings
         self.hasher = hasher or password_hasher()
         self.views = ViewCache(settings.figures_ttl_seconds)
+        self.pages = PageCache(settings.page_cache_entries)
         self.sessions = SessionCache(settings.session_cache_seconds)
         self._lock = threading.Lock()
         self._clock = clock
@@ -105,9 +107,17 @@ class Portal:
     @cached_property
     def templates(self) -> Jinja2Templates:
         """The page templates (``web/templates``)."""
+        from jinja2 import Environment, FileSystemLoader, select_autoescape
+
         from web import render
 
-        templates = Jinja2Templates(directory=str(HERE / "templates"))
+        # auto_reload off: no stat() of every template file on every render
+        env = Environment(
+            loader=FileSystemLoader(str(HERE / "templates")),
+            autoescape=select_autoescape(),
+            auto_reload=False,
+        )
+        templates = Jinja2Templates(env=env)
         render.install(templates.env)
         return templates
 

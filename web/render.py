@@ -107,6 +107,18 @@ def page(
     return response
 
 
+def fragment(request: Request, name: str, context: dict[str, Any]) -> Markup:
+    """Template ``name`` rendered alone (no page around it, nothing about the caller).
+
+    What :class:`web.pagecache.PageCache` keeps: such a fragment must depend only on
+    what its cache key names, never on who is logged in.
+    """
+    from web.deps import get_portal
+
+    html = get_portal(request).templates.get_template(name).render(context)
+    return Markup(html)  # noqa: S704 (rendered by the autoescaping environment)
+
+
 # --------------------------------------------------------------------------- chart
 
 _W, _H = 720, 260

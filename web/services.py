@@ -10,7 +10,8 @@ something that does not exist.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -35,7 +36,14 @@ from ledger.records import ContractSpec
 from web import billing_bridge
 from web.accounts import Principal
 from web.errors import Conflict, Invalid, NotFound
-from web.views import Row, ViewCache, YearView, compute_year_view, log_size
+from web.views import (
+    Row,
+    ViewCache,
+    YearView,
+    compute_year_view,
+    log_size,
+    refresh_year_view,
+)
 
 STATUSES = ("resolved", "rolled_back", "failed", "pending", "excluded", "not_covered")
 CLASSES = ("unplanned", "preemptive", "planned")
@@ -125,8 +133,14 @@ def year_view(
     contract_id: str,
     year: int | None,
     now: datetime,
+    reader: Callable[[], AbstractContextManager[Session]] | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> YearView:
-    """The (cached) view of a contract year the caller may see."""
+    """The (cached) view of a contract year the caller may see.
+
+    ``reader`` opens a new session scoped to the caller: given, a view that only aged
+    past the TTL is refreshed in the background through it (see :class:`ViewCache`).
+    """
     size = visible_size(session, principal, contract_id)
     base: InForce = cache.memo(
         ("in_force", contract_id, size), lambda: contract_in_force(session, contract_id, 1)
@@ -137,7 +151,42 @@ def year_view(
         force = base if k == 1 else contract_in_force(session, contract_id, k)
         return compute_year_view(session, force.contract, force.terms, k, now)
 
-    return cache.get((contract_id, k), size, compute)
+    refresh = None
+    if reader is not None and clock is not None:
+        open_session, time_now = reader, clock
+
+        def refresh(old: YearView) -> YearView:
+            with open_session() as s:
+                return refresh_year_view(s, old, time_now())
+
+    return cache.get((contract_id, k), size, compute, refresh)
+
+
+def year_view_for(
+    portal: Any, principal: Principal, contract_id: str, year: int | None, now: datetime
+) -> YearView:
+    """:func:`year_view` with one database round trip when the cached view is fresh.
+
+    The visibility check (:meth:`web.db.PortalDb.visible_size`: the customer filter
+    and row-level security, one round trip) gives the log size; when the terms and the
+    year's view cached for that size are fresh, nothing else is read.  Otherwise the
+    usual scoped session does it all (and recomputes the view).
+    """
+    size = portal.db.visible_size(principal, contract_id)
+    if size is None:
+        raise NotFound()
+    cache: ViewCache = portal.views
+    base = cache.peek_memo(("in_force", contract_id, size))
+    if base is not None:
+        k = pick_year(base.contract, base.term_years, year, now)
+        view = cache.peek((contract_id, k), size)
+        if view is not None:
+            return view
+    with portal.db.read(principal) as session:
+        return year_view(
+            session, principal, cache, contract_id, year, now,
+            reader=lambda: portal.db.read(principal), clock=portal.now,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,15 +28,21 @@ class WebSettings(BaseSettings):
     #: Seconds a contract year's figures are reused (they are also recomputed as soon
     #: as the contract's log grows).
     figures_ttl_seconds: float = 60.0
+    #: Rendered dashboard / failures-list bodies and API answers kept per process
+    #: (keyed by tenant scope, contract, year, log size and query; 0 disables the cache).
+    page_cache_entries: int = Field(default=1024, ge=0)
     #: Seconds a live session is trusted without asking the database again (logging out
     #: in this process ends it at once; 0 asks every time).
     session_cache_seconds: float = 10.0
     #: Largest ``POST /api/v1/records`` batch, in records and in bytes.
     max_batch_records: int = 10_000
     max_batch_bytes: int = 16 * 1024 * 1024
-    #: Database connections of the portal role.
-    pool_size: int = Field(default=10, ge=1)
-    max_overflow: int = Field(default=20, ge=0)
+    #: Threads that run request handlers (blocking database work) per process; more
+    #: only adds contention for the interpreter lock.
+    threads: int = Field(default=16, ge=1)
+    #: Database connections of the portal role (per process; at least ``threads``).
+    pool_size: int = Field(default=16, ge=1)
+    max_overflow: int = Field(default=8, ge=0)
 
 
 def resolve_secret(settings: WebSettings, data_dir: Path) -> bytes:

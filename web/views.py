@@ -13,7 +13,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -69,11 +69,15 @@ class YearView:
     by_id: dict[str, Row] = field(repr=False)
     credit: dict[str, Any] | None = None
     closed: dict[str, Any] | None = None
+    cause_list: tuple[str, ...] = ()
+    #: The year's records as loaded (refreshing the figures at a later ``now`` while the
+    #: log has not grown needs no reload).
+    records: Any = field(default=None, repr=False, compare=False)
 
     @property
     def causes(self) -> list[str]:
-        """Causes that occur this year, sorted."""
-        return sorted({r.row.failure.cause for r in self.rows})
+        """Causes that occur this year, sorted (computed once, with the view)."""
+        return list(self.cause_list)
 
 
 def log_size(session: Session, contract_id: str) -> int:
@@ -108,6 +112,38 @@ def compute_year_view(
     start, end = contract_year_bounds(contract.start_date, contract.timezone, year)
     size = log_size(session, contract.contract_id)
     recs = load_period(session, contract.contract_id, start, end)
+    return _build_view(session, contract, terms, year, now, size, recs)
+
+
+def refresh_year_view(session: Session, view: YearView, now: datetime) -> YearView:
+    """``view`` computed again at ``now`` from the records it was computed from.
+
+    Only for a log that has not grown since (the caller checks the size): the records
+    are the same, only what depends on the time changes — allocated GPU-hours run to
+    ``min(period end, now)``, and months begin.  So the failure rows are kept, and so
+    are the figures of months that had ended by ``view.now`` (identical at any later
+    time but for their ``now``); the year's figures and the later months are computed
+    again.
+    """
+    return _build_view(
+        session, view.contract, view.terms, view.year, now, view.log_size, view.records,
+        previous=view,
+    )
+
+
+def _build_view(
+    session: Session,
+    contract: ContractSpec,
+    terms: Terms,
+    year: int,
+    now: datetime,
+    size: int,
+    recs: Any,
+    previous: YearView | None = None,
+) -> YearView:
+    start, end = contract_year_bounds(contract.start_date, contract.timezone, year)
+    if previous is not None and previous.now > now:
+        previous = None  # a clock that went back: compute everything
     figures = sla.compute_figures(
         terms=terms,
         period_start=start,
@@ -118,14 +154,23 @@ def compute_year_view(
         exclusions=recs.exclusions,
         jobs=recs.jobs,
     )
-    rows = sla.failure_rows(
-        terms=terms,
-        period_start=start,
-        period_end=end,
-        failures=recs.failures,
-        outcomes=recs.outcomes,
-        exclusions=recs.exclusions,
-    )
+    kept: dict[str, sla.SlaFigures] = {}
+    if previous is None:
+        rows = sla.failure_rows(
+            terms=terms,
+            period_start=start,
+            period_end=end,
+            failures=recs.failures,
+            outcomes=recs.outcomes,
+            exclusions=recs.exclusions,
+        )
+    else:
+        rows = tuple(r.row for r in previous.rows)
+        kept = {
+            m.label: replace(m.figures, now=now)
+            for m in previous.months
+            if m.figures is not None and m.end <= previous.now
+        }
     month_list = _months(start, end, contract.timezone)
     zone = ZoneInfo(contract.timezone)
     by_month: dict[str, list[sla.Failure]] = defaultdict(list)
@@ -141,6 +186,9 @@ def compute_year_view(
     for label, ms, me in month_list:
         if ms >= now:
             months.append(MonthFigures(label, ms, me, None))
+            continue
+        if label in kept:
+            months.append(MonthFigures(label, ms, me, kept[label]))
             continue
         fs = by_month.get(label, [])
         months.append(
@@ -181,6 +229,8 @@ def compute_year_view(
         by_id={r.event_id: r for r in view_rows},
         credit=credit,
         closed=closed,
+        cause_list=tuple(sorted({r.row.failure.cause for r in view_rows})),
+        records=recs,
     )
 
 
@@ -200,13 +250,32 @@ class ViewCache:
         key: tuple[str, int],
         size: int,
         compute: Callable[[], YearView],
+        refresh: Callable[[YearView], YearView] | None = None,
     ) -> YearView:
-        """The cached view of ``key`` if fresh, else one computed now (once, not per caller)."""
+        """The cached view of ``key`` if fresh, else one computed now (once, not per caller).
+
+        When only the TTL has run out (the log has not grown) and ``refresh`` is given,
+        the cached view is returned at once and ``refresh(view)`` recomputes it in a
+        background thread: no request waits for figures that merely aged.
+        """
         cached = self._views.get(key)
         if cached and self._fresh(cached, size):
             return cached[1]
         with self._guard:
             lock = self._locks[key]
+        if (
+            refresh is not None
+            and self.ttl > 0
+            and cached is not None
+            and cached[1].log_size == size
+            and cached[1].records is not None
+        ):
+            if lock.acquire(blocking=False):
+                threading.Thread(
+                    target=self._refresh, args=(key, cached[1], refresh, lock),
+                    name="yoco-view-refresh", daemon=True,
+                ).start()
+            return cached[1]
         if cached is not None and not lock.acquire(blocking=False):
             return cached[1]  # someone is recomputing: the previous view meanwhile
         if cached is None:
@@ -223,6 +292,36 @@ class ViewCache:
             return view
         finally:
             lock.release()
+
+    def _refresh(
+        self,
+        key: tuple[str, int],
+        old: YearView,
+        refresh: Callable[[YearView], YearView],
+        lock: threading.Lock,
+    ) -> None:
+        try:
+            view = refresh(old)
+            current = self._views.get(key)
+            if current is None or current[1].log_size <= view.log_size:
+                self._views[key] = (time.monotonic(), view)
+        except Exception:  # the next request recomputes synchronously
+            import logging
+
+            logging.getLogger("yoco.web").exception("refreshing the view of %s failed", key)
+        finally:
+            lock.release()
+
+    def peek(self, key: tuple[str, int], size: int) -> YearView | None:
+        """The cached view of ``key`` if it is fresh for a log of ``size``, else None."""
+        cached = self._views.get(key)
+        if cached is not None and self._fresh(cached, size):
+            return cached[1]
+        return None
+
+    def peek_memo(self, key: tuple[Any, ...]) -> Any:
+        """The memoised value of ``key``, or None."""
+        return self._memo.get(key)
 
     def memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """A value that never changes for ``key`` (keys carry the log size), computed once."""

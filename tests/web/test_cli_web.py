@@ -57,3 +57,4 @@ def test_users_and_tokens_from_the_command_line(yoco_env, tmp_path) -> None:
 def test_serve_help() -> None:
     r = _yoco(["serve", "--help"])
     assert r.exit_code == 0 and "--port" in r.output and "127.0.0.1" in r.output
+    assert "--workers" in r.output

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from web import services
+from web.accounts import Principal
 from web.deps import ApiDb, PortalDep, ReaderDep
+from web.pagecache import scope_key, view_stamp
+from web.portal import Portal
 from web.routers.api_contracts import MONTH_PATTERN
 from web.schemas import (
     ERRORS,
@@ -24,10 +29,9 @@ FailureClass = Literal["unplanned", "preemptive", "planned"]
 
 
 @router.get("/contracts/{contract_id}/failures", response_model=FailurePageOut)
-def list_failures(
+async def list_failures(
     contract_id: str,
     reader: ReaderDep,
-    db: ApiDb,
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
     month: Annotated[str | None, Query(pattern=MONTH_PATTERN)] = None,
@@ -36,18 +40,39 @@ def list_failures(
     status: Status | None = None,
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
     per_page: Annotated[int, Query(ge=1, le=services.MAX_PER_PAGE)] = 50,
-) -> FailurePageOut:
+) -> Response:
     """Failures of a contract year (default: the current one), newest first."""
-    view = services.year_view(db, reader, portal.views, contract_id, year, portal.now())
     flt = services.FailureFilter(month, failure_class, cause, status)
-    result = services.failures_page(view, flt, page, per_page)
-    return FailurePageOut(
-        items=[failure_out(r) for r in result.rows],
-        total=result.total,
-        page=result.page,
-        per_page=result.per_page,
-        pages=result.pages,
+    return await run_in_threadpool(
+        _list_failures, contract_id, reader, portal, year, flt, page, per_page
     )
+
+
+def _list_failures(
+    contract_id: str,
+    reader: Principal,
+    portal: Portal,
+    year: int | None,
+    flt: services.FailureFilter,
+    page: int,
+    per_page: int,
+) -> Response:
+    # the scoped visibility check (one round trip), then the cached view
+    view = services.year_view_for(portal, reader, contract_id, year, portal.now())
+
+    def render() -> bytes:
+        result = services.failures_page(view, flt, page, per_page)
+        out = FailurePageOut(
+            items=[failure_out(r) for r in result.rows],
+            total=result.total,
+            page=result.page,
+            per_page=result.per_page,
+            pages=result.pages,
+        )
+        return bytes(JSONResponse(out.model_dump(mode="json")).body)
+
+    key = ("api-failures", scope_key(reader), *view_stamp(view), flt, page, per_page)
+    return Response(portal.pages.get_or_make(key, render), media_type="application/json")
 
 
 @router.get("/contracts/{contract_id}/failures/{event_id}", response_model=FailureDetailOut)

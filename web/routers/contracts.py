@@ -6,10 +6,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from web import services
+from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep, caller
-from web.render import page
+from web.pagecache import scope_key, view_stamp
+from web.portal import Portal
+from web.render import fragment, page
 from web.views import YearView, elapsed_share, projected_margin
 
 router = APIRouter(include_in_schema=False)
@@ -72,35 +76,49 @@ def contract_list(request: Request, user: UserDep, db: PageDb, portal: PortalDep
 
 
 @router.get("/contracts/{contract_id}")
-def dashboard(
+async def dashboard(
     request: Request,
     contract_id: str,
     user: UserDep,
-    db: PageDb,
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Response:
     """A contract year at a glance: rate against threshold, counts, goodput, credit, chart."""
-    now = portal.now()
-    view = services.year_view(db, user, portal.views, contract_id, year, now)
+    # One hop to the thread pool for the whole request (database, cache, rendering).
+    return await run_in_threadpool(_dashboard, request, contract_id, user, portal, year)
+
+
+def _dashboard(
+    request: Request, contract_id: str, user: Principal, portal: Portal, year: int | None
+) -> Response:
+    # the scoped visibility check (one round trip), then the cached view
+    view = services.year_view_for(portal, user, contract_id, year, portal.now())
     contract = view.contract
-    lost_cost = None
-    if contract.gpu_hour_price is not None:
-        lost_cost = view.figures.lost_gpu_hours * contract.gpu_hour_price
+
+    def render() -> Any:
+        lost_cost = None
+        if contract.gpu_hour_price is not None:
+            lost_cost = view.figures.lost_gpu_hours * contract.gpu_hour_price
+        return fragment(
+            request,
+            "dashboard_body.html",
+            {
+                "view": view,
+                "contract": contract,
+                "f": view.figures,
+                "verdict": verdict(view),
+                "credit": view.credit,
+                "closed": view.closed,
+                "years": list(range(1, contract.term_years + 1)),
+                "elapsed": elapsed_share(view),
+                "lost_cost": lost_cost,
+                "tz": contract.timezone,
+            },
+        )
+
+    body = portal.pages.get_or_make(("dashboard", scope_key(user), *view_stamp(view)), render)
     return page(
         request,
         "dashboard.html",
-        {
-            "view": view,
-            "contract": contract,
-            "f": view.figures,
-            "verdict": verdict(view),
-            "credit": view.credit,
-            "closed": view.closed,
-            "years": list(range(1, contract.term_years + 1)),
-            "elapsed": elapsed_share(view),
-            "lost_cost": lost_cost,
-            "tz": contract.timezone,
-            "section": "dashboard",
-        },
+        {"body": body, "view": view, "contract": contract, "section": "dashboard"},
     )

@@ -7,21 +7,24 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from web import billing_bridge, services
+from web.accounts import Principal
 from web.deps import CsrfDep, PageDb, PortalDep, UserDep
 from web.errors import Invalid
-from web.render import page
+from web.pagecache import scope_key, view_stamp
+from web.portal import Portal
+from web.render import fragment, page
 
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/contracts/{contract_id}/failures")
-def failure_list(
+async def failure_list(
     request: Request,
     contract_id: str,
     user: UserDep,
-    db: PageDb,
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
     month: Annotated[str, Query(max_length=7)] = "",
@@ -32,41 +35,69 @@ def failure_list(
     per_page: Annotated[int, Query(ge=1, le=services.MAX_PER_PAGE)] = 50,
 ) -> Response:
     """Failures of a contract year, newest first, filtered by month, class, cause, status."""
-    view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
-    flt = services.FailureFilter(
-        month=month or None,
-        failure_class=failure_class or None,
-        cause=cause or None,
-        status=status or None,
+    # One hop to the thread pool for the whole request (database, cache, rendering).
+    return await run_in_threadpool(
+        _failure_list, request, contract_id, user, portal, year,
+        (month, failure_class, cause, status), page_no, per_page,
     )
-    result = services.failures_page(view, flt, page_no, per_page)
-    query = {
-        k: v
-        for k, v in {
-            "year": str(view.year),
-            "month": month,
-            "failure_class": failure_class,
-            "cause": cause,
-            "status": status,
-            "per_page": str(per_page) if per_page != 50 else "",
-        }.items()
-        if v
-    }
+
+
+def _failure_list(
+    request: Request,
+    contract_id: str,
+    user: Principal,
+    portal: Portal,
+    year: int | None,
+    filters: tuple[str, str, str, str],
+    page_no: int,
+    per_page: int,
+) -> Response:
+    # the scoped visibility check (one round trip), then the cached view
+    view = services.year_view_for(portal, user, contract_id, year, portal.now())
+    month, failure_class, cause, status = filters
+
+    def render() -> object:
+        flt = services.FailureFilter(
+            month=month or None,
+            failure_class=failure_class or None,
+            cause=cause or None,
+            status=status or None,
+        )
+        result = services.failures_page(view, flt, page_no, per_page)
+        query = {
+            k: v
+            for k, v in {
+                "year": str(view.year),
+                "month": month,
+                "failure_class": failure_class,
+                "cause": cause,
+                "status": status,
+                "per_page": str(per_page) if per_page != 50 else "",
+            }.items()
+            if v
+        }
+        return fragment(
+            request,
+            "failures_body.html",
+            {
+                "view": view,
+                "contract": view.contract,
+                "tz": view.contract.timezone,
+                "result": result,
+                "flt": flt,
+                "query": query,
+                "months": [m.label for m in view.months],
+                "classes": services.CLASSES,
+                "statuses": services.STATUSES,
+            },
+        )
+
+    key = ("failures", scope_key(user), *view_stamp(view), filters, page_no, per_page)
+    body = portal.pages.get_or_make(key, render)
     return page(
         request,
         "failures.html",
-        {
-            "view": view,
-            "contract": view.contract,
-            "tz": view.contract.timezone,
-            "result": result,
-            "flt": flt,
-            "query": query,
-            "months": [m.label for m in view.months],
-            "classes": services.CLASSES,
-            "statuses": services.STATUSES,
-            "section": "failures",
-        },
+        {"body": body, "view": view, "contract": view.contract, "section": "failures"},
     )
 
 
