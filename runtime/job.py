@@ -79,6 +79,7 @@ class JobConfig:
     poll_interval_s: float = 0.002
     regroup_timeout_s: float = 120.0
     collective_timeout_s: float = 600.0
+    state_buffers_per_param: int | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -89,6 +90,8 @@ class JobConfig:
             raise ConfigError("poll_interval_s must be in (0, 1]")
         if self.regroup_timeout_s <= 0 or self.collective_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
+        if self.state_buffers_per_param is not None and self.state_buffers_per_param < 0:
+            raise ConfigError("state_buffers_per_param must be >= 0")
 
 
 def _set_parent_death_signal() -> None:
@@ -120,7 +123,8 @@ class Job:
                                 checkpoint_dir=ckpt_dir if every else cfg.checkpoint_dir,
                                 poll_interval_s=cfg.poll_interval_s,
                                 regroup_timeout_s=cfg.regroup_timeout_s,
-                                collective_timeout_s=cfg.collective_timeout_s)
+                                collective_timeout_s=cfg.collective_timeout_s,
+                                state_buffers_per_param=cfg.state_buffers_per_param)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -144,6 +148,12 @@ class Job:
         self._pg: Any = None  # gradient group (NCCL on CUDA, else gloo)
         self._cpu_pg: Any = None  # gloo group for control and CPU tensors
         self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
+        # Pre-faulted receive buffers for the optimizer state, by (shape, dtype, device).
+        self._spare_bufs: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        # The tail of a state transfer still in flight when the first step's body runs:
+        # (works to wait for, what to do then). Completed before the optimizer step.
+        self._inflight: _Inflight | None = None
+        self._state_incomplete = False  # a receive began and its state is not all in
         self._was_member = False
         self._move_seen = False
         self._flat: list[torch.Tensor] = []
@@ -175,10 +185,12 @@ class Job:
         }
 
     def load_state_dict(self, state: dict[str, Any], *, model_in_place: bool = False) -> None:
-        """Install ``state`` (from :meth:`state_dict`, a transfer or a checkpoint)."""
+        """Install ``state`` (from :meth:`state_dict`, a transfer or a checkpoint); an
+        ``optimizer`` entry of None leaves the optimizer as it is."""
         if not model_in_place:
             self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.sampler is not None and state["sampler"] is not None:
@@ -215,8 +227,10 @@ class Job:
             if self._move_seen:
                 self._move_seen = False
                 self._join(self.gen + 1)
+        self._complete_transfer()  # joined at the very end: nothing left to step
         if self._ckpt is not None:
             self._ckpt.wait()
+        self._store.set(P.finished_key(self.slot), str(self.step))
         if self.rank == 0:
             self._store.set(P.KEY_DONE, str(self.step))
 
@@ -323,6 +337,7 @@ class Job:
                 for p in ps:
                     p.grad = flat[off:off + p.numel()].view_as(p)
                     off += p.numel()
+        self._complete_transfer()
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -453,6 +468,7 @@ class Job:
         """Become a member of the newest generation ≥ ``min_gen`` and hold its state."""
         assert self._store is not None
         if not self._was_member:
+            self._preallocate_state_buffers()
             self._store.set(P.waiting_key(self.slot), str(time.time()))
         while True:
             gen = self._await_gen(min_gen)
@@ -473,8 +489,10 @@ class Job:
                 min_gen = changed.gen
                 continue
             if self.slot in plan.donors:
+                self._complete_transfer()
                 self._leave()
             self._was_member = True
+            self._spare_bufs.clear()  # whatever the transfer did not use
             self.rank = plan.members.index(self.slot)
             self.world_size = len(plan.members)
             if plan.donors:  # the training group excludes the donors
@@ -489,6 +507,39 @@ class Job:
                     and self.step == 0:
                 self._checkpoint()  # so that a rollback target exists from step 0 on
             return
+
+    def _state_buffers_per_param(self) -> int:
+        n = self.config.state_buffers_per_param
+        if n is not None:
+            return n
+        # Optimizers whose state is K tensors shaped like each parameter (guessing wrong
+        # only costs memory: unmatched state gets a buffer when it arrives).
+        name = type(self.optimizer).__name__
+        if name in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adadelta"):
+            return 2
+        if name in ("Adagrad", "RMSprop", "ASGD", "Rprop") or \
+                self.optimizer.defaults.get("momentum"):
+            return 1
+        return 0
+
+    def _preallocate_state_buffers(self) -> None:
+        """While waiting (a spare, or a member before the start sync), allocate zeroed
+        (so pre-faulted: receiving into fresh pages costs about as much as the copy)
+        buffers for the optimizer state a transfer will bring, so a recovery does not
+        pay for the allocation. Freed after the first sync if unused."""
+        k = self._state_buffers_per_param()
+        for p in self.model.parameters():
+            key = (tuple(p.shape), p.dtype, p.device)
+            self._spare_bufs.setdefault(key, []).extend(
+                torch.zeros(p.shape, dtype=p.dtype, device=p.device) for _ in range(k))
+
+    def _take_buffer(self, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device | str) -> torch.Tensor:
+        pool = self._spare_bufs.get((tuple(shape), dtype, torch.device(device)))
+        if pool:
+            return pool.pop()
+        # zeros, not empty: pre-faulted pages halve the receive time.
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     def _leave(self) -> None:
         assert self._store is not None
@@ -543,11 +594,15 @@ class Job:
     def _sync(self, plan: P.Plan) -> int:
         """Bring every participant to the same state per ``plan.mode``; return bytes moved."""
         assert self._store is not None
+        # A transfer still in flight belongs to an abandoned generation: drop it (a
+        # receiver it left half-filled has _state_incomplete set and receives again).
+        self._inflight = None
         if plan.mode in ("rollback", "resume"):
             assert plan.ckpt is not None
             try:
                 state = read_checkpoint(Path(plan.ckpt))
                 self.load_state_dict(state)
+                self._state_incomplete = False
             except CheckpointError as exc:
                 self._collective_failed("rollback", exc)
             return 0
@@ -556,7 +611,8 @@ class Job:
         # Who holds which committed step: survivors can be one step apart when a peer
         # died inside an allreduce some of them had already completed.
         holds = torch.zeros(len(participants), dtype=torch.float64)
-        has_state = self._was_member or self.slot in plan.donors
+        has_state = (self._was_member or self.slot in plan.donors) \
+            and not self._state_incomplete
         holds[me] = float(self.step + 1) if has_state else 0.0
         if plan.mode == "start":
             holds[me] = 1.0 if me == 0 else 0.0
@@ -588,16 +644,19 @@ class Job:
         small, large = partition(tensors)
         packed = pack([tensors[i] for i in small])
         moved = 0
+        pending: list[Any] = []
         for dst in dsts:
             works = [self._cpu_pg.send([packed], dst, 0)]
             for i in large:
                 t = tensors[i].contiguous()
                 pg = self._pg if t.device.type != "cpu" else self._cpu_pg
                 works.append(pg.send([t], dst, 1 + i))
-            for w in works:
-                self._wait(w, phase="sync")
+            pending.extend(works)
             moved += packed.numel() + sum(tensors[i].numel() * tensors[i].element_size()
                                           for i in large)
+        # The sends finish while this replica runs its next forward/backward (which does
+        # not touch the state); the optimizer step waits for them (_complete_transfer).
+        self._inflight = _Inflight(pending, None)
         return moved
 
     def _recv_state(self, gen: int, src: int) -> int:
@@ -607,6 +666,7 @@ class Job:
             self._check_generation()
             time.sleep(self.config.poll_interval_s)
         skel = pickle.loads(self._store.get(key))  # noqa: S301 - our own skeleton, our store
+        self._state_incomplete = True
         tensor_refs = refs(skel)
         own_model = self.model.state_dict()
         dest: list[torch.Tensor] = []
@@ -617,19 +677,21 @@ class Job:
                 dest.append(mine)
                 live.add(ref.index)
             else:
-                # zeros, not empty: pre-faulted pages halve the receive time.
                 dev = "cpu" if ref.on_cpu else self.device
-                dest.append(torch.zeros(ref.shape, dtype=ref.dtype, device=dev))
+                dest.append(self._take_buffer(ref.shape, ref.dtype, dev))
         small = [r for r in tensor_refs if nbytes(dest[r.index]) < SMALL_TENSOR_BYTES]
         small_set = {r.index for r in small}
         packed = torch.zeros(sum(nbytes(dest[r.index]) for r in small), dtype=torch.uint8)
-        works = [self._cpu_pg.recv([packed], src, 0)]
+        # The sender sends in index order: the packed buffer, the model, the optimizer.
+        first = [self._cpu_pg.recv([packed], src, 0)]
+        later: list[Any] = []
         for ref in tensor_refs:
             if ref.index not in small_set:
                 t = dest[ref.index]
                 pg = self._pg if t.device.type != "cpu" else self._cpu_pg
-                works.append(pg.recv([t], src, 1 + ref.index))
-        for w in works:
+                (later if ref.path[0] == "optimizer" else first).append(
+                    pg.recv([t], src, 1 + ref.index))
+        for w in first:
             self._wait(w, phase="sync")
         for ref, t in zip(small, unpack(packed, small), strict=True):
             if ref.index in live:
@@ -638,8 +700,56 @@ class Job:
                 dest[ref.index] = t if ref.on_cpu else t.to(self.device)
         model_refs = [r for r in tensor_refs if r.path[0] == "model"]
         in_place = all(r.index in live for r in model_refs) and len(model_refs) == len(own_model)
-        self.load_state_dict(join_state(skel, dest), model_in_place=in_place)
+        state = join_state(skel, dest)
+        if not later:
+            self.load_state_dict(state, model_in_place=in_place)
+            self._state_incomplete = False
+            return sum(nbytes(t) for t in dest)
+        # Everything but the optimizer now, so that the first step's forward/backward
+        # overlaps with the rest of the transfer; the optimizer state when it is in.
+        self.load_state_dict(state | {"optimizer": None}, model_in_place=in_place)
+        self._inflight = _Inflight(
+            later, lambda: self.optimizer.load_state_dict(state["optimizer"]))
         return sum(nbytes(t) for t in dest)
+
+    def _complete_transfer(self) -> None:
+        """Wait for the tail of the last state transfer and install it (see _inflight)."""
+        inflight = self._inflight
+        if inflight is None:
+            return
+        while not inflight.done.wait(self.config.poll_interval_s):
+            self._check_generation()
+        if inflight.error:
+            self._collective_failed("sync", inflight.error[0])
+        if inflight.finish is not None:
+            inflight.finish()
+            self._state_incomplete = False
+        self._inflight = None
+        if self._regroup_timing is not None:
+            self._regroup_timing["transferred"] = inflight.t_done
+
+
+class _Inflight:
+    """The p2p ops of a state transfer still in flight, waited for on one helper thread
+    (gloo p2p works have no future; each may be waited for only once), and what to do
+    once they are all complete. ``t_done``: when the last one completed."""
+
+    def __init__(self, works: list[Any], finish: Any) -> None:
+        self.finish = finish
+        self.done = threading.Event()
+        self.error: list[BaseException] = []
+        self.t_done = 0.0
+
+        def run() -> None:
+            try:
+                for w in works:
+                    w.wait()
+            except Exception as exc:  # surfaced by _complete_transfer as a collective failure
+                self.error.append(exc)
+            self.t_done = time.time()
+            self.done.set()
+
+        threading.Thread(target=run, name="yoco-transfer", daemon=True).start()
 
 
 def local_device() -> torch.device:

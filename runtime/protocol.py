@@ -56,6 +56,11 @@ def left_key(slot: str) -> str:
     return f"left/{slot}"
 
 
+def finished_key(slot: str) -> str:
+    """Key a member sets when its training loop has ended (all steps committed)."""
+    return f"finished/{slot}"
+
+
 def waiting_key(slot: str) -> str:
     """Key a process sets once it has built its model and waits to be called in."""
     return f"waiting/{slot}"

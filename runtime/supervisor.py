@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,6 +45,29 @@ from runtime.telemetry import (
 )
 
 log = logging.getLogger("yoco.runtime.supervisor")
+
+_PF_EXITING = 0x4  # include/linux/sched.h: "getting shut down"
+_HAVE_PROC = os.path.isdir("/proc/self")
+
+
+def process_exiting(pid: int) -> bool:
+    """True once the kernel has started to tear process ``pid`` down.
+
+    A SIGKILLed process sets ``PF_EXITING`` (the flags word of ``/proc/PID/stat``, see
+    proc(5)) within ~1 ms, but its exit status becomes visible to ``waitpid`` only after
+    its memory is unmapped: 50-160 ms for a torch process holding a few hundred MB on this
+    machine. Deaths are therefore detected here, and classified by the exit status later.
+    Without ``/proc`` this always answers False (``waitpid`` alone then detects deaths).
+    """
+    if not _HAVE_PROC:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return True  # already reaped
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,6 +131,8 @@ class Incident:
     slots: list[str]
     detected: float
     step: int
+    emitted: bool = True  # False: a death whose exit status is not known yet
+    gen: int = -1  # the generation that failed
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,9 +173,11 @@ class Supervisor:
         self.spares: list[str] = []
         self.gen = -1
         self.pending: list[Incident] = []
+        self.unemitted: list[Incident] = []  # deaths recovered from, record not yet written
         self.recovery_gen: int | None = None
         self.recovery_mode = ""
         self.lost_steps = 0
+        self.rollback_step: int | None = None  # checkpoint step of the rollback in progress
         self.recoveries: list[dict[str, Any]] = []
         self.last_step = 0
         self.step_seconds = 0.0
@@ -210,7 +237,7 @@ class Supervisor:
 
     def _alive(self, slot: str) -> bool:
         p = self.procs.get(slot)
-        return p is not None and p.poll() is None
+        return p is not None and p.poll() is None and not process_exiting(p.pid)
 
     def _ready_spares(self) -> list[str]:
         return [s for s in self.spares
@@ -276,6 +303,7 @@ class Supervisor:
     def _loop(self) -> JobResult:
         while True:
             self._handle_deaths()
+            self._emit_deaths(block=False)
             if self.recovery_mode == "failed":
                 return self._result(1)
             self._handle_faults()
@@ -296,29 +324,43 @@ class Supervisor:
             time.sleep(0.005)
 
     # ----------------------------------------------------------------- failures
-    def _open_incident(self, failure_class: str, cause: str, slots: list[str], step: int,
-                       detail: str, detected: float | None = None) -> Incident:
+    def _failure_record(self, failure_class: str, cause: str, slots: list[str], step: int,
+                        detail: str, detected: float) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
                         failure_class=failure_class, cause=cause, node=self.node, gpu=gpu,
-                        step=step, detail=detail)
+                        step=step, detail=detail,
+                        occurred_at=datetime.fromtimestamp(detected, UTC).isoformat())
         self._emit(rec)
         log.warning("failure %s/%s on %s at step %d: %s", failure_class, cause,
                     ",".join(slots) or "-", step, detail)
-        return Incident(event_id=rec["event_id"], failure_class=failure_class, cause=cause,
-                        slots=slots, detected=detected or time.time(), step=step)
+        return rec
 
-    def _dead_members(self) -> list[tuple[str, int]]:
-        out = []
+    def _open_incident(self, failure_class: str, cause: str, slots: list[str], step: int,
+                       detail: str, detected: float | None = None) -> Incident:
+        detected = detected or time.time()
+        rec = self._failure_record(failure_class, cause, slots, step, detail, detected)
+        return Incident(event_id=rec["event_id"], failure_class=failure_class, cause=cause,
+                        slots=slots, detected=detected, step=step)
+
+    def _dead_members(self) -> list[tuple[str, int | None]]:
+        """Members that died, with their exit status (None: still being torn down)."""
+        out: list[tuple[str, int | None]] = []
         for slot in list(self.members) + list(self.moving):
             p = self.procs.get(slot)
             if p is None or slot in self.retired:
                 continue
             rc = p.poll()
             if rc is None:
-                continue
-            if self.store.check([P.left_key(slot)]):
-                self.retired.add(slot)  # left on purpose after a move
+                if not process_exiting(p.pid):
+                    continue  # alive
+                if not (self.store.check([P.left_key(slot)])
+                        or self.store.check([P.finished_key(slot)])):
+                    out.append((slot, None))  # killed or crashing: act now, classify later
+                continue  # an orderly exit is judged by its exit status once reaped
+            if self.store.check([P.left_key(slot)]) or (
+                    rc == 0 and self.store.check([P.finished_key(slot)])):
+                self.retired.add(slot)  # left on purpose after a move, or finished
                 self.moving.discard(slot)
                 continue
             out.append((slot, rc))
@@ -329,38 +371,67 @@ class Supervisor:
         if not dead:
             return
         detected = time.time()
-        time.sleep(0.03)  # let simultaneous deaths (a whole node, killall) land together
-        seen = {s for s, _ in dead}
-        dead += [d for d in self._dead_members() if d[0] not in seen]
+        self._handle_progress()  # the step reached, as of now
+        # No settle window: deaths of the same incident seen later (a node or the whole job
+        # going down, one process at a time) are merged into it and planned again.
         for slot, _ in dead:
             self.retired.add(slot)
             self.moving.discard(slot)
         slots = [s for s, _ in dead]
-        fenced = [self.fenced[s] for s in slots if s in self.fenced]
-        if fenced:
-            cause, detail = fenced[0]
-        else:
-            rc = dead[0][1]
-            if rc in (-signal.SIGKILL, -signal.SIGTERM):
-                cause = "process_killed"
-            elif rc < 0:
-                cause = "process_crashed"
-            else:
-                cause = "process_exit"
-            detail = ", ".join(f"{s} exit {rc}" for s, rc in dead)
         self.first_fault = None
         last = self.pending[-1] if self.pending else None
         if last is not None and last.failure_class == "unplanned" \
                 and detected - last.detected < 1.0:
-            # More deaths right after a failure (a node or the whole job going down, seen
-            # one process at a time): the same incident, planned again.
             self.pending.pop()
             last.slots += slots
             self._recover(last, [s for s in slots if s in self.members])
             return
-        inc = self._open_incident("unplanned", cause, slots, self.last_step, detail, detected)
+        inc = Incident(event_id="", failure_class="unplanned", cause="", slots=slots,
+                       detected=detected, step=self.last_step, emitted=False, gen=self.gen)
+        self.unemitted.append(inc)
         self._killed_at = self._read_killed_at()
         self._recover(inc, [s for s in slots if s in self.members])
+
+    def _emit_deaths(self, *, block: bool) -> None:
+        """Write the failure records of deaths already acted on, once their exit status
+        is known (``block``: wait for it, as an outcome must follow its failure)."""
+        for inc in list(self.unemitted):
+            rcs: list[tuple[str, int | None]] = []
+            for slot in inc.slots:
+                p = self.procs[slot]
+                rc = p.poll()
+                if rc is None and (block or time.time() - inc.detected > 5.0):
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        rc = p.wait(timeout=max(5.0 - (time.time() - inc.detected), 0.01))
+                rcs.append((slot, rc))
+            if any(rc is None for _, rc in rcs) and not block \
+                    and time.time() - inc.detected <= 5.0:
+                continue
+            if self.store.check([P.KEY_PROGRESS]):
+                # Progress the failed generation reported just before the death (rank 0
+                # commits, then a peer dies in the next step) was maybe not read yet.
+                prog = json.loads(self.store.get(P.KEY_PROGRESS))
+                if int(prog.get("gen", inc.gen)) <= inc.gen:
+                    inc.step = max(inc.step, int(prog["step"]))
+                    self.last_step = max(self.last_step, inc.step)
+                    if self.recovery_mode == "rolled_back" and self.rollback_step is not None:
+                        self.lost_steps = max(self.lost_steps, inc.step - self.rollback_step)
+            fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
+            if fenced:
+                cause, detail = fenced[0]
+            else:
+                rc = rcs[0][1]
+                if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
+                    cause = "process_killed"
+                elif rc < 0:
+                    cause = "process_crashed"
+                else:
+                    cause = "process_exit"
+                detail = ", ".join(f"{s} exit {rc}" for s, rc in rcs)
+            rec = self._failure_record("unplanned", cause, inc.slots, inc.step, detail,
+                                       inc.detected)
+            inc.event_id, inc.cause, inc.emitted = rec["event_id"], cause, True
+            self.unemitted.remove(inc)
 
     def _read_killed_at(self) -> float | None:
         if self.store.check(["killed_at"]):
@@ -410,6 +481,7 @@ class Supervisor:
             plan = P.Plan(gen=self.gen + 1, mode="rollback", members=members, ckpt=str(ck_path),
                           ckpt_step=ck_step)
             self.recovery_mode = "rolled_back"
+            self.rollback_step = ck_step
             self.lost_steps = max(self.last_step - ck_step, self.lost_steps)
         log.warning("generation %d: %s recovery, members %s", plan.gen, mode, members)
         self.recovery_gen = plan.gen
@@ -424,6 +496,7 @@ class Supervisor:
 
     def _fail(self, why: str) -> None:
         log.error("job %s failed: %s", self.job_id, why)
+        self._emit_deaths(block=True)
         now = time.time()
         for inc in self.pending:
             self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
@@ -468,6 +541,7 @@ class Supervisor:
         if self.recovery_gen is None or not self.store.check([P.ready_key(self.recovery_gen)]):
             return
         timing = json.loads(self.store.get(P.ready_key(self.recovery_gen)))
+        self._emit_deaths(block=True)
         step_s = self.step_seconds or float(timing["step_seconds"])
         for inc in self.pending:
             lost = self.lost_steps if self.recovery_mode == "rolled_back" else 0
@@ -484,6 +558,7 @@ class Supervisor:
         self.recovery_gen = None
         self.recovery_mode = ""
         self.lost_steps = 0
+        self.rollback_step = None
         self.holders = set(self.members)
 
     # ----------------------------------------------------------------- moves

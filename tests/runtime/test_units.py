@@ -108,3 +108,24 @@ def test_drain_request_files(tmp_path: Path) -> None:
     reqs = take_requests(run / "control")
     assert [r["worker"] for r in reqs] == ["w3"] and take_requests(run / "control") == []
     json.dumps(reqs)
+
+
+def test_process_exiting_sees_a_kill_before_the_exit_status() -> None:
+    import signal
+    import subprocess
+    import time
+
+    from runtime.supervisor import process_exiting
+
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not process_exiting(p.pid)
+        p.send_signal(signal.SIGKILL)
+        deadline = time.time() + 5
+        while not process_exiting(p.pid):
+            assert time.time() < deadline
+            time.sleep(0.001)
+    finally:
+        p.kill()
+        p.wait()
+    assert process_exiting(p.pid)  # reaped: gone
