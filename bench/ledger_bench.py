@@ -31,7 +31,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=5000, help="records per transaction")
+    parser.add_argument("--batch", type=int, default=20000, help="records per transaction")
     parser.add_argument("--proofs", type=int, default=200, help="inclusion proofs to time")
     parser.add_argument("--sla-runs", type=int, default=20)
     args = parser.parse_args()
