@@ -138,10 +138,12 @@ class Job:
         self.device = params[0].device if params else torch.device("cpu")
         self._use_nccl = self.device.type == "cuda"
         self._store: dist.Store | None = None
+        self._store_addr: tuple[str, int] | None = None
         addr = os.environ.get(P.ENV_STORE)
         if addr:
             _set_parent_death_signal()
             host, _, port = addr.rpartition(":")
+            self._store_addr = (host, int(port))
             self._store = dist.TCPStore(host, int(port), is_master=False,
                                         timeout=timedelta(seconds=60))
         self._faults: list[FaultSpec] = decode_faults(os.environ.get(P.ENV_FAULTS))
@@ -551,13 +553,20 @@ class Job:
 
     def _form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg") -> None:
         """Build this generation's group(s) on a fresh prefix, watching for a newer gen."""
-        assert self._store is not None
+        assert self._store is not None and self._store_addr is not None
         result: dict[str, Any] = {}
         timeout = timedelta(seconds=self.config.collective_timeout_s)
-        store = self._store
+        host, port = self._store_addr
 
         def build() -> None:
             try:
+                # A connection of its own: a TCPStore client runs one request at a time,
+                # and the rendezvous blocks in a store wait until every peer has written
+                # its address (up to the collective timeout). On the shared client a peer
+                # that died before writing it froze this process's generation polling
+                # behind that wait: the job hung after a kill-all with a spare called in.
+                store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+                result["store"] = store
                 base = dist.PrefixStore(f"g{gen}/{prefix}/", store)
                 gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", base), rank, size,
                                              timeout)
@@ -588,6 +597,7 @@ class Job:
             self._collective_failed("regroup", result["error"])
         if self._pg is not None:
             self._graveyard.extend([self._pg, self._cpu_pg])
+        self._graveyard.append(result["store"])  # the group's rendezvous connection
         self._pg, self._cpu_pg = result["main"], result["cpu"]
         del prev_gen
 

@@ -605,6 +605,8 @@ class Supervisor:
             return
         slot, klass, cause, detail, detected = self.moves.pop(0)
         if slot not in self.members:
+            # It died (an unplanned failure, already recorded) or was replaced meanwhile.
+            log.warning("%s move off %s dropped: no longer a member", klass, slot)
             return
         spare = ready[0]
         self.spares.remove(spare)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,40 @@ def test_large_state_transfer_overlaps_and_is_bit_identical(tmp_path: Path) -> N
     assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
     assert all(r["bytes"] > 1_000_000 for r in result.recoveries)
     _assert_identical(ref, out, steps=20)
+
+
+def test_member_follows_a_new_generation_while_a_peer_never_arrives(tmp_path: Path) -> None:
+    """A process building a group whose peer died before writing its address must still
+    follow the next generation at once, not after the collective timeout (600 s here).
+
+    Regression: the rendezvous waits in the store for the peer's address, and on a shared
+    store connection that wait also blocked the generation polling, so a spare called in
+    next to a survivor that died in a kill-all hung the whole job.
+    """
+    import torch.distributed as dist
+
+    from runtime import protocol as P
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**os.environ, P.ENV_STORE: f"127.0.0.1:{store.port}", P.ENV_SLOT: "w0",
+           P.ENV_RUN_DIR: str(tmp_path), P.ENV_DEVICE: "cpu"}
+    out = tmp_path / "final.pt"
+    proc = subprocess.Popen([sys.executable, EXAMPLE, "--steps", "3", "--out", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        store.wait([P.waiting_key("w0")], timedelta(seconds=120))
+        # Generation 0 pairs w0 with a process that never comes.
+        store.set(P.plan_key(0), P.Plan(gen=0, mode="start", members=["w0", "ghost"]).encode())
+        store.set(P.KEY_GEN, "0")
+        time.sleep(1.0)  # w0 sees it within 5 ms and waits inside the rendezvous
+        store.set(P.plan_key(1), P.Plan(gen=1, mode="start", members=["w0"]).encode())
+        store.set(P.KEY_GEN, "1")
+        store.wait([P.KEY_DONE], timedelta(seconds=60))
+        assert store.get(P.KEY_DONE) == b"3"
+        assert proc.wait(timeout=60) == 0, proc.stdout.read() if proc.stdout else ""
+        assert torch.load(out)["step"] == 3
+    finally:
+        store.set(P.KEY_SHUTDOWN, "1")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
