@@ -58,6 +58,11 @@ MLP = ["--hidden", "1024", "--layers", "4", "--dim", "256", "--batch", "64"]
 # 8 tables x 16384 x 128 floats = 16.8 M parameters; + Adam = 201 MB of state.
 BIG = ["--tables", "8", "--rows", "16384", "--emb-dim", "128", "--bag", "16", "--hidden",
        "256", "--layers", "2", "--batch", "8", "--fused"]
+# The same kind of model as a recommender trains it: 12 tables x 16384 x 128 with sparse
+# gradients and Adagrad = 25.2 M parameters, 201 MB of state (parameters + Adagrad sums);
+# a step reduces and updates only the ~1.5k rows it looked up.
+SPARSE = ["--tables", "12", "--rows", "16384", "--emb-dim", "128", "--bag", "16", "--hidden",
+          "256", "--layers", "2", "--batch", "8", "--sparse"]
 
 
 def env() -> dict[str, str]:
@@ -204,13 +209,18 @@ def _probe_gloo(rank: int, port: int, nbytes: int, tries: int, out: str) -> None
 
 # ----------------------------------------------------------------- recovery
 def recovery(tmp: Path, reps: int) -> None:
+    for label, model in (("sparse", SPARSE), ("dense", BIG)):
+        recovery_of(tmp, reps, label, model)
+
+
+def recovery_of(tmp: Path, reps: int, label: str, model: list[str]) -> None:
     runs = []
     probes: list[tuple[float, float]] = []
     state_bytes = 0
     for i in range(reps):
         if i == 0 or state_bytes:
             pass
-        _, result, _ = run_runtime(tmp, f"rec{i}", BIG, steps=30, warmup=5, workers=2,
+        _, result, _ = run_runtime(tmp, f"rec{i}", model, steps=30, warmup=5, workers=2,
                                    spares=1, faults=["kill:rank=1:step=15"])
         rec = result.recoveries[0]
         outcome = next(r for r in JsonlFileSink(tmp / f"rec{i}.jsonl").read_all()
@@ -224,8 +234,8 @@ def recovery(tmp: Path, reps: int) -> None:
     gloo = max(p[1] for p in probes)
     bw = max(tcp, gloo)
     bound = state_bytes / bw
-    print(f"[recovery] {' '.join(BIG)}; 2 workers + 1 spare, rank 1 SIGKILLed in step 15 "
-          f"(its allreduce launched); {reps} runs; {load()}")
+    print(f"[recovery] {label} model: {' '.join(model)}; 2 workers + 1 spare, rank 1 "
+          f"SIGKILLed in step 15 (its allreduce launched); {reps} runs; {load()}")
     print(f"[recovery] state moved {state_bytes / 1e6:.1f} MB; loopback best of "
           f"{5 * reps}: TCP {tcp / 2**30:.2f} GiB/s, gloo send/recv {gloo / 2**30:.2f} GiB/s "
           f"(per run: {[(round(a / 2**30, 2), round(b / 2**30, 2)) for a, b in probes]}) "

@@ -8,7 +8,10 @@ With ``--out PATH`` rank 0 saves the final model and optimizer state there.
 With ``--tables N`` the model is a recommender-style one instead: N embedding tables of
 ``--rows`` x ``--emb-dim`` (dense gradients), each bag mean-pooled, and the MLP on top.
 Its state is large (parameters + Adam state = 12 bytes per parameter) while a step with a
-small batch is short: the benchmarks use it for the ~200 MB recovery.
+small batch is short: the benchmarks use it for the ~200 MB recovery. With ``--sparse``
+as well the tables get sparse gradients (only the rows a step looked up) and the optimizer
+is Adagrad, as in recommender training: the state stays large (8 bytes per parameter)
+while a step only reduces and updates the rows it touched.
 The peers in ``bench/`` import :func:`add_model_args`, :func:`make_data`,
 :func:`build_model` and :func:`make_optimizer`, so they train exactly this model.
 """
@@ -20,6 +23,7 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+warnings.filterwarnings("ignore", message="Sparse invariant checks")  # Adagrad, sparse
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -39,9 +43,11 @@ def build(hidden: int, layers: int, dim: int) -> nn.Module:
 class EmbeddingModel(nn.Module):
     """``tables`` embedding bags (mean-pooled) concatenated into the MLP of :func:`build`."""
 
-    def __init__(self, tables: int, rows: int, emb_dim: int, hidden: int, layers: int) -> None:
+    def __init__(self, tables: int, rows: int, emb_dim: int, hidden: int, layers: int,
+                 sparse: bool = False) -> None:
         super().__init__()
-        self.tables = nn.ModuleList(nn.Embedding(rows, emb_dim) for _ in range(tables))
+        self.tables = nn.ModuleList(nn.Embedding(rows, emb_dim, sparse=sparse)
+                                    for _ in range(tables))
         self.mlp = build(hidden, layers, tables * emb_dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -63,6 +69,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--emb-dim", type=int, default=128)
     ap.add_argument("--bag", type=int, default=16, help="ids per table per sample")
     ap.add_argument("--fused", action="store_true", help="fused Adam (CPU kernel)")
+    ap.add_argument("--sparse", action="store_true",
+                    help="with --tables: sparse embedding gradients and Adagrad")
 
 
 def make_data(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +89,15 @@ def build_model(args: argparse.Namespace) -> nn.Module:
     """Return the model with its seed-defined initial weights."""
     torch.manual_seed(args.seed)
     if args.tables:
-        return EmbeddingModel(args.tables, args.rows, args.emb_dim, args.hidden, args.layers)
+        return EmbeddingModel(args.tables, args.rows, args.emb_dim, args.hidden, args.layers,
+                              sparse=args.sparse)
     return build(args.hidden, args.layers, args.dim)
 
 
 def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
-    """Adam, lr 1e-3 (fused with --fused)."""
+    """Adam, lr 1e-3 (fused with --fused); Adagrad, lr 1e-2, with --sparse."""
+    if args.tables and args.sparse:
+        return torch.optim.Adagrad(model.parameters(), lr=1e-2)
     return torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if args.fused else {}))
 
 
@@ -99,6 +110,8 @@ def main() -> None:
                     help="extra seconds per step (to give tests time to act)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--out-all-ranks", action="store_true",
+                    help="every rank saves its state, rank r > 0 to OUT.rankR")
     ap.add_argument("--time-file", default=None,
                     help="rank 0 writes the mean step time after --warmup steps here")
     ap.add_argument("--warmup", type=int, default=5)
@@ -128,9 +141,10 @@ def main() -> None:
     if args.time_file and job.rank == 0:
         with open(args.time_file, "w") as fh:
             fh.write(str((time.perf_counter() - t_warm) / (args.steps - args.warmup)))
-    if args.out and job.rank == 0:
+    if args.out and (job.rank == 0 or args.out_all_ranks):
+        path = args.out if job.rank == 0 else f"{args.out}.rank{job.rank}"
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "step": job.step}, args.out)
+                    "step": job.step}, path)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,9 @@ class Job:
             self._store_addr = (host, int(port))
             self._store = dist.TCPStore(host, int(port), is_master=False,
                                         timeout=timedelta(seconds=60))
+            self._watch: _GenWatch | None = _GenWatch(host, int(port))
+        else:
+            self._watch = None
         self._faults: list[FaultSpec] = decode_faults(os.environ.get(P.ENV_FAULTS))
         self._pg: Any = None  # gradient group (NCCL on CUDA, else gloo)
         self._cpu_pg: Any = None  # gloo group for control and CPU tensors
@@ -159,6 +162,9 @@ class Job:
         self._was_member = False
         self._move_seen = False
         self._flat: list[torch.Tensor] = []
+        self._sparse: list[torch.nn.Parameter] = []  # params with sparse gradients
+        # ... reduced as one sparse tensor per (dtype, row shape): their rows stacked.
+        self._sparse_buckets: list[list[torch.nn.Parameter]] = []
         self._ctl = torch.zeros(1)
         self._sampler_snapshot: Any = None
         self._ckpt: CheckpointWriter | None = None
@@ -255,6 +261,8 @@ class Job:
                 fl.zero_()
         else:
             self.optimizer.zero_grad(set_to_none=False)
+        for p in self._sparse:
+            p.grad = None  # a sparse gradient is built fresh by each backward
 
     # ----------------------------------------------------------------- step
     def _begin_step(self) -> None:
@@ -274,16 +282,26 @@ class Job:
         if self.rank == 0 and not self._move_seen:
             # Only rank 0 polls for a pending move: it raises a flag inside the gradient
             # allreduce, so every rank learns of the move at the same committed step.
-            latest = int(self._store.get(P.KEY_GEN))
+            latest = self._latest_gen()
             if latest == self.gen + 1 and self._plan(latest).mode == "move":
                 self._move_seen = True
 
     def _build_flat(self) -> None:
         # Gradients become views into one flat buffer per dtype, so the allreduce needs
         # no copy; the last element of the first buffer carries the control flag.
+        # Embedding tables with sparse=True get sparse gradients (the rows a step looked
+        # up): they are reduced as sparse tensors, not copied into the dense buffer.
+        sparse_ids = {id(m.weight) for m in self.model.modules()
+                      if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
+                      and m.sparse and m.weight.requires_grad}
+        self._sparse = [p for p in self.model.parameters() if id(p) in sparse_ids]
+        buckets: dict[tuple[Any, ...], list[torch.nn.Parameter]] = {}
+        for p in self._sparse:
+            buckets.setdefault((p.dtype, tuple(p.shape[1:])), []).append(p)
+        self._sparse_buckets = list(buckets.values())
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in self.model.parameters():
-            if p.requires_grad:
+            if p.requires_grad and id(p) not in sparse_ids:
                 by_dtype.setdefault(p.dtype, []).append(p)
         self._flat_params: list[list[torch.nn.Parameter]] = []
         for i, (dtype, ps) in enumerate(by_dtype.items()):
@@ -319,6 +337,13 @@ class Job:
                     off += p.numel()
         self._flat[0][-1] = 1.0 if self._move_seen else 0.0
         works = [self._pg.allreduce([flat]) for flat in self._flat]
+        # gloo reduces sparse tensors (an allgather of rows, then summed); NCCL does not,
+        # so on CUDA they go through the CPU group. One reduction per bucket of tables,
+        # not one per table: each costs three rounds of messages.
+        sparse = [stack_sparse([p.grad for p in ps], [p.shape for p in ps], ps[0].dtype).cpu()
+                  for ps in self._sparse_buckets]
+        sparse_works = [self._cpu_pg.allreduce([g]) for g in sparse]
+        works += sparse_works
         for fault in self._faults:
             if fault.step == self.step and fault.rank == self.rank:
                 if fault.action == "kill" and self._fire(fault):
@@ -331,6 +356,10 @@ class Job:
             self._wait(w, phase="step")
         for flat in self._flat:
             flat.div_(self.world_size)
+        for ps, w in zip(self._sparse_buckets, sparse_works, strict=True):
+            total = w.get_future().value()[0].div_(self.world_size)  # the summed rows
+            for p, g in zip(ps, unstack_sparse(total, [p.shape for p in ps]), strict=True):
+                p.grad = g.to(p.device)
         if float(self._flat[0][-1]) > 0:
             self._move_seen = True
         if not views:
@@ -401,9 +430,15 @@ class Job:
         except Exception as exc:  # gloo raises RuntimeError subclasses; any is a fault
             self._collective_failed(phase, exc)
 
-    def _check_generation(self) -> None:
+    def _latest_gen(self) -> int:
+        """The newest generation the supervisor has published (-1: none yet)."""
         assert self._store is not None
-        latest = int(self._store.get(P.KEY_GEN))
+        if self._watch is not None and self._watch.ok:
+            return self._watch.latest  # no store round trip: polled every 2 ms
+        return int(self._store.get(P.KEY_GEN)) if self._store.check([P.KEY_GEN]) else -1
+
+    def _check_generation(self) -> None:
+        latest = self._latest_gen()
         if latest <= self.gen:
             return
         if latest == self.gen + 1 and self._plan(latest).mode == "move":
@@ -417,7 +452,7 @@ class Job:
             {"gen": self.gen, "step": self.step, "phase": phase, "error": str(exc)[:500]}))
         self._store.add(P.KEY_FAULTS, 1)
         while True:
-            latest = int(self._store.get(P.KEY_GEN))
+            latest = self._latest_gen()
             if latest > self.gen:
                 raise GenerationChanged(latest)
             time.sleep(self.config.poll_interval_s * 5)
@@ -457,14 +492,20 @@ class Job:
     def _await_gen(self, min_gen: int) -> int:
         """Block until generation ``min_gen`` (or newer) exists; exit if shut down."""
         assert self._store is not None
+        last_shutdown_check = 0.0
         while True:
-            latest = int(self._store.get(P.KEY_GEN)) if self._store.check([P.KEY_GEN]) else -1
+            latest = self._latest_gen()
             if latest >= min_gen:
                 return latest
-            if self._store.check([P.KEY_SHUTDOWN]):
-                sys.exit(0)
-            # Polling, not store.wait(timeout): a timed-out wait logs a warning each time.
-            time.sleep(0.005)
+            now = time.monotonic()
+            if now - last_shutdown_check > 0.05:
+                last_shutdown_check = now
+                if self._store.check([P.KEY_SHUTDOWN]):
+                    sys.exit(0)
+            if self._watch is not None and self._watch.ok:
+                self._watch.wait_beyond(min_gen - 1, 0.05)
+            else:
+                time.sleep(0.005)
 
     def _join(self, min_gen: int) -> None:
         """Become a member of the newest generation ≥ ``min_gen`` and hold its state."""
@@ -588,7 +629,7 @@ class Job:
         self.gen = gen  # so that _check_generation compares against the new generation
         while thread.is_alive():
             thread.join(self.config.poll_interval_s * 2)
-            latest = int(self._store.get(P.KEY_GEN))
+            latest = self._latest_gen()
             if latest > gen:
                 raise GenerationChanged(latest)
             if time.monotonic() > deadline:
@@ -737,6 +778,98 @@ class Job:
         self._inflight = None
         if self._regroup_timing is not None:
             self._regroup_timing["transferred"] = inflight.t_done
+
+
+def stack_sparse(grads: list[torch.Tensor | None], shapes: list[torch.Size],
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Return one sparse tensor holding the gradients of tables of the same row shape,
+    table ``i``'s row ``r`` at row ``offset_i + r`` (offsets: the row counts before it).
+
+    A missing gradient (a table this rank's batch did not touch) adds no rows: every rank
+    still takes part in the same reduction. A dense gradient is taken as sparse rows.
+    """
+    idx: list[torch.Tensor] = []
+    vals: list[torch.Tensor] = []
+    off = 0
+    for g, shape in zip(grads, shapes, strict=True):
+        if g is not None:
+            sp = g if g.is_sparse else g.to_sparse(1)
+            idx.append(sp._indices()[0].to(sp.device) + off)
+            vals.append(sp._values())
+        off += shape[0]
+    trailing = tuple(shapes[0][1:])
+    if idx:
+        indices, values = torch.cat(idx).unsqueeze(0), torch.cat(vals)
+    else:
+        indices = torch.zeros((1, 0), dtype=torch.long)
+        values = torch.zeros((0, *trailing), dtype=dtype)
+    return torch.sparse_coo_tensor(indices, values, (off, *trailing), check_invariants=False)
+
+
+def unstack_sparse(total: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
+    """Split a tensor built by :func:`stack_sparse` back into one coalesced sparse
+    gradient per table."""
+    total = total.coalesce()
+    rows, vals = total.indices()[0], total.values()
+    out: list[torch.Tensor] = []
+    off = 0
+    for shape in shapes:
+        lo = int(torch.searchsorted(rows, off))
+        hi = int(torch.searchsorted(rows, off + shape[0]))
+        out.append(torch.sparse_coo_tensor((rows[lo:hi] - off).unsqueeze(0), vals[lo:hi],
+                                           tuple(shape), is_coalesced=True,
+                                           check_invariants=False))
+        off += shape[0]
+    return out
+
+
+class _GenWatch:
+    """Follows the generation counter the supervisor publishes without polling the
+    store: a thread with a connection of its own blocks in a store wait for the next
+    generation's plan key, which the supervisor writes just before ``gen``.
+
+    Why: every worker and spare checks for a new generation every 2 ms while it waits for
+    a collective or a transfer; as store round trips those checks took CPU from the
+    transfers themselves on a 2-core machine. Now a check is an attribute read.
+    ``ok`` turns False if the connection fails; callers then poll the store again.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.latest = -1
+        self.ok = True
+        self._cond = threading.Condition()
+        self._addr = (host, port)
+        threading.Thread(target=self._run, name="yoco-gen", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            store = dist.TCPStore(self._addr[0], self._addr[1], is_master=False,
+                                  timeout=timedelta(seconds=60))
+            nxt = 0
+            while True:
+                try:
+                    store.wait([P.plan_key(nxt)], timedelta(hours=1))
+                except Exception as exc:  # a timeout: wait again; anything else: give up
+                    if "timeout" not in str(exc).lower():
+                        raise
+                    continue
+                latest = nxt
+                if store.check([P.KEY_GEN]):
+                    latest = max(latest, int(store.get(P.KEY_GEN)))
+                with self._cond:
+                    self.latest = latest
+                    self._cond.notify_all()
+                nxt = latest + 1
+        except Exception as exc:  # the store is gone or broken: fall back to polling
+            log.warning("generation watch stopped (%s); polling the store instead", exc)
+            with self._cond:
+                self.ok = False
+                self._cond.notify_all()
+
+    def wait_beyond(self, gen: int, timeout: float) -> None:
+        """Block until a generation newer than ``gen`` is known, or ``timeout`` passed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.latest > gen or not self.ok, timeout)
 
 
 class _Inflight:

@@ -90,6 +90,10 @@ class LaunchConfig:
     nvml: bool = True
     progress_interval_s: float = 10.0
     telemetry_interval_s: float = 0.1
+    # Deaths are looked for every 5 ms (in /proc, no store traffic); what the workers
+    # report through the store (progress, faults, readiness, the end) every this often:
+    # each store request costs both ends CPU that a state transfer needs on a small box.
+    store_poll_interval_s: float = 0.02
     fault_grace_s: float = 0.5
     max_recoveries: int = 64
     replenish_spares: bool = True
@@ -114,7 +118,7 @@ class LaunchConfig:
         if not Path(self.script).is_file():
             raise ConfigError(f"script {self.script!r} does not exist")
         for name in ("progress_interval_s", "telemetry_interval_s", "fault_grace_s",
-                     "finish_timeout_s", "deliver_timeout_s"):
+                     "finish_timeout_s", "deliver_timeout_s", "store_poll_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_recoveries < 1:
@@ -192,6 +196,7 @@ class Supervisor:
         self._progress_step_emitted = -1
         self._last_status = 0.0
         self._last_telemetry = 0.0
+        self._last_store_poll = 0.0
         self.sources: list[TelemetrySource] = [FileSignalSource(self.signal_file)]
         if config.signal_command:
             self.sources.append(CommandSignalSource(config.signal_command))
@@ -306,9 +311,13 @@ class Supervisor:
             self._emit_deaths(block=False)
             if self.recovery_mode == "failed":
                 return self._result(1)
+            now = time.time()
+            if now - self._last_store_poll < self.cfg.store_poll_interval_s:
+                time.sleep(0.005)
+                continue
+            self._last_store_poll = now
             self._handle_faults()
             self._handle_ready()
-            now = time.time()
             if now - self._last_telemetry >= self.cfg.telemetry_interval_s:
                 self._last_telemetry = now
                 self._handle_telemetry()

@@ -218,3 +218,21 @@ def test_member_follows_a_new_generation_while_a_peer_never_arrives(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sparse_gradients_survive_a_kill_bit_identically(tmp_path: Path) -> None:
+    # Embedding tables with sparse gradients (reduced as sparse tensors) and Adagrad: the
+    # replicas must agree, and a live migration must not change a bit of the result.
+    extra = ("--tables", "3", "--rows", "2000", "--emb-dim", "16", "--bag", "4",
+             "--hidden", "32", "--layers", "2", "--sparse")
+    _, _, ref = _run(tmp_path, "sp-ref", faults=[], spares=0, ckpt=0, workers=2,
+                     steps=20, extra=extra)
+    result, recs, out = _run(tmp_path, "sp", faults=["kill:rank=1:step=7"], spares=1,
+                             ckpt=0, workers=2, steps=20, extra=(*extra, "--out-all-ranks"),
+                             sleep=0.05)
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
+    _assert_identical(ref, out, steps=20)
+    # The sparse reduction really averaged: the replacement replica (rank 1, whose batches
+    # look up other rows than rank 0's) ends bit-identical to rank 0.
+    _assert_identical(out, Path(f"{out}.rank1"), steps=20)

@@ -129,3 +129,27 @@ def test_process_exiting_sees_a_kill_before_the_exit_status() -> None:
         p.kill()
         p.wait()
     assert process_exiting(p.pid)  # reaped: gone
+
+
+def test_sparse_gradients_stack_and_split_back_exactly() -> None:
+    from runtime.job import stack_sparse, unstack_sparse
+
+    torch.manual_seed(0)
+    tables = [torch.nn.Embedding(n, 4, sparse=True) for n in (5, 7, 3)]
+    ids = [torch.tensor([0, 4, 4, 1]), torch.tensor([6, 6]), None]  # table 3 untouched
+    for t, i in zip(tables, ids, strict=True):
+        if i is not None:
+            t(i).pow(2).sum().backward()
+    grads = [t.weight.grad for t in tables]
+    shapes = [t.weight.shape for t in tables]
+    stacked = stack_sparse(grads, shapes)
+    assert stacked.shape == (15, 4)
+    parts = unstack_sparse(stacked, shapes)
+    for g, part, shape in zip(grads, parts, shapes, strict=True):
+        assert part.is_sparse and part.is_coalesced() and part.shape == shape
+        want = g.to_dense() if g is not None else torch.zeros(shape)
+        assert torch.equal(part.to_dense(), want)
+    assert parts[2]._nnz() == 0
+    # Nothing at all, in float64: an empty reduction of the right shape and dtype.
+    empty = stack_sparse([None, None], shapes[:2], torch.float64)
+    assert empty.dtype == torch.float64 and empty._nnz() == 0 and empty.shape == (12, 4)
