@@ -43,6 +43,7 @@ from runtime.telemetry import (
     TelemetrySource,
     WarningPolicy,
 )
+from runtime.zygote import ForkedProcess, Zygote
 
 log = logging.getLogger("yoco.runtime.supervisor")
 
@@ -97,6 +98,9 @@ class LaunchConfig:
     fault_grace_s: float = 0.5
     max_recoveries: int = 64
     replenish_spares: bool = True
+    # Replacement spares (and cold replacements in a rollback) are forked from a process
+    # that has already imported torch (runtime.zygote): ready in ~0.5 s instead of 3-10 s.
+    fork_spares: bool = True
     resume: bool = False
     host: str = "127.0.0.1"
     python: str = sys.executable
@@ -169,7 +173,8 @@ class Supervisor:
         self.deliverer = Deliverer(self.outbox, sink, DeliveryConfig())
         self.node = socket.gethostname()
         self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
+        self._zygote: Zygote | None = None
         self._logs: dict[str, IO[bytes]] = {}
         self.gpu_of: dict[str, int] = {}
         self.members: list[str] = []
@@ -234,7 +239,16 @@ class Supervisor:
             env[P.ENV_DEVICE] = f"cuda:{self.gpu_of[slot]}"
         else:
             env[P.ENV_DEVICE] = "cpu"
-        logf = (self.run_dir / "logs" / f"{slot}.log").open("ab")
+        log_path = self.run_dir / "logs" / f"{slot}.log"
+        if self._zygote is not None and self._zygote.ready:
+            try:
+                self.procs[slot] = self._zygote.spawn(
+                    slot, [self.cfg.script, *self.cfg.args], env, log_path)
+                return slot
+            except (RuntimeError, OSError) as exc:
+                log.warning("spare zygote failed (%s): starting %s as a new process",
+                            exc, slot)
+        logf = log_path.open("ab")
         self._logs[slot] = logf
         self.procs[slot] = subprocess.Popen([self.cfg.python, self.cfg.script, *self.cfg.args],
                                             env=env, stdout=logf, stderr=subprocess.STDOUT)
@@ -284,6 +298,10 @@ class Supervisor:
                                      gpus=self.cfg.workers))
         members = [self._spawn() for _ in range(self.cfg.workers)]
         self.spares = [self._spawn() for _ in range(self.cfg.spares)]
+        if self.cfg.fork_spares:
+            self._logs["zygote"] = (self.run_dir / "logs" / "zygote.log").open("ab")
+            self._zygote = Zygote(self.cfg.python, {**os.environ, **self.cfg.env},
+                                  self._logs["zygote"])
         self.holders = set(members)
         if resume_ckpt is not None:
             # The previous supervisor died: its workers died with it, so this is a rollback.
@@ -674,6 +692,8 @@ class Supervisor:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if self._zygote is not None:
+            self._zygote.close()
         for f in self._logs.values():
             f.close()
 

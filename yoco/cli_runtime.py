@@ -97,6 +97,10 @@ def run(
     nvml: bool = typer.Option(True, "--nvml/--no-nvml", help="Read GPU health via NVML."),
     progress_every: float = typer.Option(10.0, "--progress-every", min=0.01,
                                          help="Seconds between job_progress records."),
+    fork_spares: bool = typer.Option(
+        True, "--fork-spares/--cold-spares",
+        help="Start replacement spares by forking a process that has already imported "
+             "torch (ready in well under a second) or as new processes (3-10 s)."),
     resume: bool = typer.Option(False, "--resume",
                                 help="Continue JOB_ID from its newest checkpoint after a "
                                      "supervisor crash, and deliver its pending records."),
@@ -135,7 +139,7 @@ def run(
             faults=[parse_fault(f) for f in inject],
             signal_file=str(signal_file) if signal_file else None,
             signal_command=signal_command, nvml=nvml, progress_interval_s=progress_every,
-            resume=resume)
+            fork_spares=fork_spares, resume=resume)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -77,8 +77,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_live_migrations_are_bit_identical(reference: Path, tmp_path: Path) -> None:
     faults = ["kill:rank=1:step=3", "raise:rank=2:step=7", "warn:rank=0:step=12",
               "drain:rank=1:step=16", "kill:rank=0:step=30"]
-    # One initial spare per early event: a replenished spare cold-starts (imports torch)
-    # while the job runs, which takes seconds on a loaded 2-core machine.
+    # One initial spare per event: every move and recovery here finds a spare that has been
+    # waiting since the start (the one-spare path, through forked replacements, is below).
     result, recs, out = _run(tmp_path, "live", faults=faults, spares=4, sleep=0.25)
     assert result.exit_code == 0, result
     _assert_identical(reference, out)
@@ -236,3 +236,22 @@ def test_sparse_gradients_survive_a_kill_bit_identically(tmp_path: Path) -> None
     # The sparse reduction really averaged: the replacement replica (rank 1, whose batches
     # look up other rows than rank 0's) ends bit-identical to rank 0.
     _assert_identical(out, Path(f"{out}.rank1"), steps=20)
+
+
+def test_one_spare_serves_moves_in_a_row_through_forked_replacements(tmp_path: Path) -> None:
+    # One spare only: after each move or recovery the replacement is forked by the spare
+    # zygote (torch already imported), so the next event finds a warm spare again.
+    _, _, ref = _run(tmp_path, "z-ref", faults=[], spares=0, ckpt=0, workers=2, steps=30)
+    faults = ["warn:rank=0:step=4", "drain:rank=1:step=9", "kill:rank=0:step=15",
+              "drain:rank=0:step=20"]
+    result, recs, out = _run(tmp_path, "z", faults=faults, spares=1, ckpt=0, workers=2,
+                             steps=30, sleep=0.15)
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("preemptive", "ecc_rising", "live_migrated", 0),
+                               ("planned", "maintenance", "live_migrated", 0),
+                               ("unplanned", "process_killed", "live_migrated", 0),
+                               ("planned", "maintenance", "live_migrated", 0)]
+    _assert_identical(ref, out, steps=30)
+    logs = sorted((tmp_path / "runs" / "z" / "logs").glob("w*.log"))
+    forked = [p.stem for p in logs if "forked by the spare zygote" in p.read_text()]
+    assert len(forked) >= 4, forked  # every replacement spare (w3 on) was forked

@@ -1,0 +1,246 @@
+"""A fork server for replacement spares: a process that has already imported torch and
+forks a new worker in milliseconds instead of a fresh interpreter's 3-10 s.
+
+Why: the supervisor starts its first workers and spares as ordinary processes, but a
+spare that replaces one called in must be *warm* before the next move can use it, and a
+fresh ``import torch`` takes 3 s on an idle 2-core machine and up to 10 s under load.
+The zygote imports torch and the runtime once, stays single-threaded in Python and runs
+no torch op (so a fork is safe), and forks a child per request; the child points its
+stdout/stderr at the worker's log, takes the worker's environment and runs the training
+script as ``__main__``, exactly as ``python SCRIPT ARGS`` would.
+
+Protocol (JSON lines): the supervisor writes ``{"slot", "env", "log", "argv"}`` to the
+zygote's stdin; the zygote answers ``{"ready": true}`` once, then ``{"slot", "pid"}`` per
+fork and ``{"pid", "rc"}`` when it has reaped a child (``rc`` as ``subprocess`` reports
+it: negative for a signal). The zygote dies with the supervisor (parent-death signal),
+and its children die with the zygote, so nothing outlives a killed supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child(req: dict[str, Any]) -> None:
+    """In the forked child: become the worker and never return."""
+    code = 1
+    try:
+        # stdout (the zygote's report pipe) and stderr become the worker's log.
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        if fd > 2:
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.environ.update(req["env"])
+        sys.argv = list(req["argv"])
+        sys.path[0] = str(Path(req["argv"][0]).resolve().parent)
+        print(f"[yoco] {req['slot']} forked by the spare zygote (torch already imported)",
+              flush=True)
+        runpy.run_path(req["argv"][0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # the script's own error: print it like python would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    """Run the zygote: import torch, then fork a worker per request until stdin closes."""
+    _die_with_parent()
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch  # the point of this process
+    import torch._dynamo  # an optimizer's constructor imports it lazily (~2 s)
+    import torch.distributed
+
+    import runtime.job  # noqa: F401
+
+    # Build each common optimizer once, for the rest of their lazy imports. No torch op
+    # runs on more than one element (no parallel work), so no thread pool exists that a
+    # fork would break.
+    probe = torch.nn.Parameter(torch.zeros(1))
+    for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad):
+        cls([probe])
+
+    out = sys.stdout.fileno()
+
+    def send(obj: dict[str, Any]) -> None:
+        os.write(out, (json.dumps(obj) + "\n").encode())
+
+    send({"ready": True})
+    stdin = sys.stdin.buffer
+    buf = b""
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([stdin], [], [], 0.005)
+        if readable:
+            chunk = os.read(stdin.fileno(), 65536)
+            if not chunk:
+                break  # the supervisor closed the pipe (or died)
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(req)
+                children.add(pid)
+                send({"slot": req["slot"], "pid": pid})
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
+    for pid in children:  # the supervisor is done or gone: so are its workers
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:  # reap them, so that no zombie is left behind
+        with contextlib.suppress(OSError):
+            _, status = os.waitpid(pid, 0)
+            send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+
+class ForkedProcess:
+    """A worker forked by the zygote, with the part of ``subprocess.Popen``'s interface
+    the supervisor uses (its exit status comes from the zygote, which reaps it)."""
+
+    def __init__(self, pid: int, zygote: Zygote) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._zygote = zygote
+
+    def poll(self) -> int | None:
+        """The exit status once the zygote has reaped the process, else None."""
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status; ``subprocess.TimeoutExpired`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._zygote.cond:
+            while self.returncode is None:
+                if not self._zygote.alive:
+                    self.returncode = -signal.SIGKILL  # died with the zygote
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+                self._zygote.cond.wait(left)
+            return self.returncode
+
+    def kill(self) -> None:
+        """Send SIGKILL (nothing if it has already been reaped)."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class Zygote:
+    """The supervisor's handle on its fork server (see the module docstring)."""
+
+    def __init__(self, python: str, env: dict[str, str], log: IO[bytes]) -> None:
+        self.cond = threading.Condition()
+        self.ready = False
+        self.alive = True
+        self._procs: dict[int, ForkedProcess] = {}
+        self._exits: dict[int, int] = {}  # reaped before their pid was claimed
+        self._pids: dict[str, int] = {}
+        self._proc = subprocess.Popen([python, "-m", "runtime.zygote"], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=log)
+        threading.Thread(target=self._read, name="yoco-zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            msg = json.loads(raw)
+            with self.cond:
+                if msg.get("ready"):
+                    self.ready = True
+                elif "rc" in msg:
+                    proc = self._procs.get(msg["pid"])
+                    if proc is not None:
+                        proc.returncode = int(msg["rc"])
+                    else:
+                        self._exits[msg["pid"]] = int(msg["rc"])
+                else:
+                    self._pids[msg["slot"]] = int(msg["pid"])
+                self.cond.notify_all()
+        with self.cond:
+            self.alive = False
+            self.ready = False
+            self.cond.notify_all()
+
+    def spawn(self, slot: str, argv: list[str], env: dict[str, str], log: Path,
+              timeout: float = 10.0) -> ForkedProcess:
+        """Fork a worker named ``slot`` running ``argv`` (script first) with ``env``
+        added to the zygote's environment and its output appended to ``log``."""
+        assert self._proc.stdin is not None
+        req = {"slot": slot, "argv": argv, "env": env, "log": str(log)}
+        try:
+            if not self.alive:
+                raise ValueError("exited")
+            self._proc.stdin.write((json.dumps(req) + "\n").encode())
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:  # closed, or the zygote died
+            raise RuntimeError(f"the spare zygote is not running: {exc}") from exc
+        with self.cond:
+            if not self.cond.wait_for(lambda: slot in self._pids or not self.alive, timeout):
+                raise RuntimeError(f"the spare zygote did not fork {slot} in {timeout} s")
+            if slot not in self._pids:
+                raise RuntimeError("the spare zygote exited")
+            pid = self._pids.pop(slot)
+            proc = ForkedProcess(pid, self)
+            if pid in self._exits:
+                proc.returncode = self._exits.pop(pid)
+            self._procs[pid] = proc
+            return proc
+
+    def close(self) -> None:
+        """Stop the zygote (it kills any child still running)."""
+        with contextlib.suppress(Exception):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+if __name__ == "__main__":
+    main()
