@@ -71,10 +71,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mlp_train.py"
 def run_training_job(ctx: App, console: Console, contract_id: str) -> None:
     """Run a REAL training job under the runtime (2 workers, 1 hot spare) into the ledger.
 
-    Faults are injected at chosen steps: a worker SIGKILLed (unplanned, live
-    migration onto the hot spare), then every worker killed at once (rollback to
-    the last checkpoint).  The runtime reports each failure and
-    its outcome through its durable outbox into this ledger.
+    Faults are injected at chosen steps: a worker SIGKILLed (unplanned, live migration
+    onto the hot spare), an ECC warning (pre-emptive move), a drain (planned move), then
+    every worker killed at once (rollback to the last checkpoint). The runtime reports
+    each failure and its outcome through its durable outbox into this ledger.
     """
     try:
         import torch  # noqa: F401
@@ -97,16 +97,17 @@ def run_training_job(ctx: App, console: Console, contract_id: str) -> None:
     console.print(
         f"examples/mlp_train.py on 2 workers + 1 hot spare for contract "
         f"{contract_id}; injected: SIGKILL of rank 1 at step 8 (live migration onto "
-        "the spare), then every worker killed at step 26 (rollback to the checkpoint of "
-        "step 20; checkpoints every 10 steps)"
+        "the spare), rising corrected-ECC counts on rank 0 at step 14 (pre-emptive move), "
+        "a drain of rank 1 at step 20 (planned move), then every worker killed at step 36 "
+        "(rollback to the checkpoint of step 30; checkpoints every 10 steps). Each spare "
+        "called in is replaced by one forked from a process that has imported torch."
     )
-    # The pre-emptive (ECC warning) and planned (drain) paths are exercised by
-    # tests/runtime/test_migration.py with more spares; see docs/runtime.md.
-    faults = ["kill:rank=1:step=8", "killall:step=26"]
+    faults = ["kill:rank=1:step=8", "warn:rank=0:step=14:signal=ecc_rising",
+              "drain:rank=1:step=20", "killall:step=36"]
     runs = Path(tempfile.mkdtemp(prefix="yoco-demo-runs-"))
     cfg = LaunchConfig(
         script=str(EXAMPLE),
-        args=["--steps", "32", "--step-sleep", "0.05"],
+        args=["--steps", "44", "--step-sleep", "0.05"],
         workers=2,
         spares=1,
         contract_id=contract_id,

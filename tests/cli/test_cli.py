@@ -206,3 +206,22 @@ def test_prove_refuses_unknown_and_unsigned(yoco_env, contracts_file, tmp_path) 
     yoco("ledger", "ingest", str(p))
     out = runner.invoke(app, ["ledger", "prove", fail["event_id"]])
     assert out.exit_code == 2 and "yoco ledger checkpoint" in out.output
+
+
+@pytest.mark.slow
+def test_demo_tells_the_whole_story_with_a_real_training_job(yoco_env) -> None:
+    # The README's main command, small: a simulated stream plus a real job under the
+    # runtime with every kind of event, recorded in the ledger and read back from it.
+    out = yoco("demo", "--contracts", "1", "--records", "300")
+    events = [ln.split(":", 1)[1].split() for ln in out.splitlines()
+              if ln.strip().startswith("step ") and "→" in ln]
+    assert [(e[0], e[1], e[3]) for e in events] == [
+        ("unplanned", "process_killed", "live_migrated"),
+        ("preemptive", "ecc_rising", "live_migrated"),
+        ("planned", "maintenance", "live_migrated"),
+        ("unplanned", "process_killed", "rolled_back"),
+    ], out
+    lost = [ln.split("lost steps ")[1].split(",")[0] for ln in out.splitlines()
+            if "→" in ln and "lost steps" in ln]
+    assert lost == ["0", "0", "0", "6"], out
+    assert "finished at step 44" in out and "records delivered to the ledger: True" in out
