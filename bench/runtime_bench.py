@@ -218,18 +218,17 @@ def recovery_of(tmp: Path, reps: int, label: str, model: list[str]) -> None:
     probes: list[tuple[float, float]] = []
     state_bytes = 0
     for i in range(reps):
-        if i == 0 or state_bytes:
-            pass
-        _, result, _ = run_runtime(tmp, f"rec{i}", model, steps=30, warmup=5, workers=2,
+        name = f"rec-{label}{i}"  # its own records file: the sink appends
+        _, result, _ = run_runtime(tmp, name, model, steps=30, warmup=5, workers=2,
                                    spares=1, faults=["kill:rank=1:step=15"])
         rec = result.recoveries[0]
-        outcome = next(r for r in JsonlFileSink(tmp / f"rec{i}.jsonl").read_all()
+        outcome = next(r for r in JsonlFileSink(tmp / f"{name}.jsonl").read_all()
                        if r["kind"] == "outcome")
         rec["steady"] = outcome["step_seconds"]  # mean step time before the failure
         state_bytes = int(rec["bytes"])
         probes.append((tcp_bandwidth(state_bytes), gloo_bandwidth(state_bytes)))
         runs.append(rec)
-        shutil.rmtree(tmp / f"rec{i}", ignore_errors=True)
+        shutil.rmtree(tmp / name, ignore_errors=True)
     tcp = max(p[0] for p in probes)
     gloo = max(p[1] for p in probes)
     bw = max(tcp, gloo)
@@ -289,7 +288,13 @@ def torchft_peer(tmp: Path, reps: int) -> None:
               f"{ft_step * 1e3:.1f} ms (ratio TorchFT/runtime {ft_step / ours:.2f})")
         # long enough for the restarted replica to start, heal and commit
         logs = _run_torchft(tmp, f"ftk{i}", LighthouseServer, lh_opts, 3 * steps, kill=kill)
-        killed = float((tmp / f"ftk{i}.1.log.killed").read_text())
+        marker = tmp / f"ftk{i}.1.log.killed"
+        if not marker.exists():  # replica 1 never reached its kill step: say why
+            err = (tmp / f"ftk{i}.1.err").read_text(errors="replace").strip().splitlines()
+            print(f"[torchft]   run {i}: TorchFT replica 1 did not reach step {kill}; its "
+                  f"stderr ends: {' | '.join(err[-3:])}")
+            continue
+        killed = float(marker.read_text())
         after0 = [ln.split() for ln in logs[0] if float(ln.split()[1]) > killed]
         first0 = float(after0[0][1]) - killed if after0 else float("nan")
         after1 = [ln.split() for ln in logs[1] if float(ln.split()[1]) > killed]

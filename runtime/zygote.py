@@ -43,8 +43,10 @@ def _die_with_parent() -> None:
 
 
 def _child(req: dict[str, Any]) -> None:
-    """In the forked child: become the worker and never return."""
-    code = 1
+    """In the forked child: become the worker. Does not return: the script's end (or
+    its exception) unwinds out of the zygote's loop and ends this process the way
+    ``python SCRIPT`` ends, interpreter finalization included, so a forked worker costs
+    the same at exit as one started as a new process."""
     try:
         # stdout (the zygote's report pipe) and stderr become the worker's log.
         fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -60,20 +62,14 @@ def _child(req: dict[str, Any]) -> None:
         sys.path[0] = str(Path(req["argv"][0]).resolve().parent)
         print(f"[yoco] {req['slot']} forked by the spare zygote (torch already imported)",
               flush=True)
-        runpy.run_path(req["argv"][0], run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # the script's own error: print it like python would
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
+    except BaseException:  # could not even become the worker
         with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+            import traceback
+
+            traceback.print_exc()
+        os._exit(1)
+    runpy.run_path(req["argv"][0], run_name="__main__")
+    sys.exit(0)
 
 
 def main() -> None:
