@@ -153,3 +153,46 @@ def test_sparse_gradients_stack_and_split_back_exactly() -> None:
     # Nothing at all, in float64: an empty reduction of the right shape and dtype.
     empty = stack_sparse([None, None], shapes[:2], torch.float64)
     assert empty.dtype == torch.float64 and empty._nnz() == 0 and empty.shape == (12, 4)
+
+
+EXAMPLE_SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "mlp_train.py")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("workers", 0, "workers"),
+    ("spares", -1, "spares"),
+    ("checkpoint_every", -1, "checkpoint_every"),
+    ("contract_id", "", "contract_id"),
+    ("job_id", "a/b", "job_id"),
+    ("script", "/nonexistent/train.py", "does not exist"),
+    ("progress_interval_s", 0, "progress_interval_s"),
+    ("store_poll_interval_s", 0, "store_poll_interval_s"),
+    ("finish_timeout_s", -1, "finish_timeout_s"),
+    ("max_recoveries", 0, "max_recoveries"),
+])
+def test_launch_config_refuses_bad_values_naming_the_field(field: str, value: object,
+                                                           message: str) -> None:
+    from runtime.errors import ConfigError
+    from runtime.supervisor import LaunchConfig
+
+    kwargs: dict[str, object] = {"script": EXAMPLE_SCRIPT, field: value}
+    with pytest.raises(ConfigError, match=message):
+        LaunchConfig(**kwargs)  # type: ignore[arg-type]
+    LaunchConfig(script=EXAMPLE_SCRIPT)  # the defaults are valid
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"checkpoint_every": -1}, "checkpoint_every"),
+    ({"checkpoint_every": 5}, "checkpoint_dir"),
+    ({"poll_interval_s": 0}, "poll_interval_s"),
+    ({"poll_interval_s": 2}, "poll_interval_s"),
+    ({"regroup_timeout_s": 0}, "timeouts"),
+    ({"state_buffers_per_param": -1}, "state_buffers_per_param"),
+])
+def test_job_config_refuses_bad_values_naming_the_field(kwargs: dict[str, object],
+                                                        message: str) -> None:
+    from runtime.errors import ConfigError
+    from runtime.job import JobConfig
+
+    with pytest.raises(ConfigError, match=message):
+        JobConfig(**kwargs)  # type: ignore[arg-type]
