@@ -107,7 +107,8 @@ def run_training_job(ctx: App, console: Console, contract_id: str) -> None:
     runs = Path(tempfile.mkdtemp(prefix="yoco-demo-runs-"))
     cfg = LaunchConfig(
         script=str(EXAMPLE),
-        args=["--steps", "44", "--step-sleep", "0.05"],
+        # 0.1 s per step leaves each move a second or more to find its forked spare.
+        args=["--steps", "44", "--step-sleep", "0.1"],
         workers=2,
         spares=1,
         contract_id=contract_id,
