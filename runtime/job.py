@@ -17,8 +17,6 @@ group is built on a fresh store prefix.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -45,6 +43,7 @@ from runtime.errors import (
     GenerationChanged,
 )
 from runtime.faults import FaultSpec, decode_faults
+from runtime.proc import set_parent_death_signal
 from runtime.state import (
     SMALL_TENSOR_BYTES,
     CheckpointWriter,
@@ -60,8 +59,6 @@ from runtime.state import (
 )
 
 log = logging.getLogger("yoco.runtime.job")
-
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,14 +89,6 @@ class JobConfig:
             raise ConfigError("timeouts must be > 0")
         if self.state_buffers_per_param is not None and self.state_buffers_per_param < 0:
             raise ConfigError("state_buffers_per_param must be >= 0")
-
-
-def _set_parent_death_signal() -> None:
-    # A worker must not outlive its supervisor: it would keep training with nobody
-    # reporting (and hold the CPU in tests after a supervisor SIGKILL).
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -141,7 +130,7 @@ class Job:
         self._store_addr: tuple[str, int] | None = None
         addr = os.environ.get(P.ENV_STORE)
         if addr:
-            _set_parent_death_signal()
+            set_parent_death_signal()
             host, _, port = addr.rpartition(":")
             self._store_addr = (host, int(port))
             self._store = dist.TCPStore(host, int(port), is_master=False,
@@ -162,8 +151,8 @@ class Job:
         self._was_member = False
         self._move_seen = False
         self._flat: list[torch.Tensor] = []
-        self._sparse: list[torch.nn.Parameter] = []  # params with sparse gradients
-        # ... reduced as one sparse tensor per (dtype, row shape): their rows stacked.
+        # Params with sparse gradients, by (dtype, row shape): each bucket is reduced as one
+        # sparse tensor, its tables' rows stacked.
         self._sparse_buckets: list[list[torch.nn.Parameter]] = []
         self._ctl = torch.zeros(1)
         self._sampler_snapshot: Any = None
@@ -261,8 +250,9 @@ class Job:
                 fl.zero_()
         else:
             self.optimizer.zero_grad(set_to_none=False)
-        for p in self._sparse:
-            p.grad = None  # a sparse gradient is built fresh by each backward
+        for ps in self._sparse_buckets:
+            for p in ps:
+                p.grad = None  # a sparse gradient is built fresh by each backward
 
     # ----------------------------------------------------------------- step
     def _begin_step(self) -> None:
@@ -294,9 +284,8 @@ class Job:
         sparse_ids = {id(m.weight) for m in self.model.modules()
                       if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
                       and m.sparse and m.weight.requires_grad}
-        self._sparse = [p for p in self.model.parameters() if id(p) in sparse_ids]
         buckets: dict[tuple[Any, ...], list[torch.nn.Parameter]] = {}
-        for p in self._sparse:
+        for p in (p for p in self.model.parameters() if id(p) in sparse_ids):
             buckets.setdefault((p.dtype, tuple(p.shape[1:])), []).append(p)
         self._sparse_buckets = list(buckets.values())
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
@@ -625,7 +614,6 @@ class Job:
         thread = threading.Thread(target=build, name="yoco-pg", daemon=True)
         thread.start()
         deadline = time.monotonic() + self.config.regroup_timeout_s
-        prev_gen = self.gen
         self.gen = gen  # so that _check_generation compares against the new generation
         while thread.is_alive():
             thread.join(self.config.poll_interval_s * 2)
@@ -640,7 +628,6 @@ class Job:
             self._graveyard.extend([self._pg, self._cpu_pg])
         self._graveyard.append(result["store"])  # the group's rendezvous connection
         self._pg, self._cpu_pg = result["main"], result["cpu"]
-        del prev_gen
 
     def _sync(self, plan: P.Plan) -> int:
         """Bring every participant to the same state per ``plan.mode``; return bytes moved."""

@@ -19,7 +19,6 @@ and its children die with the zygote, so nothing outlives a killed supervisor.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import runpy
@@ -33,13 +32,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+from runtime.proc import set_parent_death_signal
 
 
 def _child(req: dict[str, Any]) -> None:
@@ -74,7 +67,7 @@ def _child(req: dict[str, Any]) -> None:
 
 def main() -> None:
     """Run the zygote: import torch, then fork a worker per request until stdin closes."""
-    _die_with_parent()
+    set_parent_death_signal()
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # the point of this process
     import torch._dynamo  # an optimizer's constructor imports it lazily (~2 s)
