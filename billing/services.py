@@ -14,6 +14,7 @@ Read-only services for other packages: :func:`sla_figures`, :func:`credit_status
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -191,6 +192,30 @@ _JOBS_SQL = text(
 )
 
 
+def outcome_from_row(r: Sequence[Any]) -> sla.Outcome:
+    """An outcome from a row of (event id, failure event id, seq, occurred_at, outcome,
+    lost steps, recovery seconds, step seconds, GPUs affected), ids as text."""
+    return sla.Outcome(
+        event_id=r[0],
+        failure_event_id=r[1],
+        seq=r[2],
+        occurred_at=r[3],
+        outcome=r[4],
+        lost_steps=r[5],
+        recovery_seconds=r[6],
+        step_seconds=r[7],
+        gpus_affected=r[8],
+    )
+
+
+def exclusion_from_row(r: Sequence[Any]) -> sla.Exclusion:
+    """An exclusion from a row starting (event id, failure event id, seq, occurred_at,
+    reason), ids as text; further columns are ignored."""
+    return sla.Exclusion(
+        event_id=r[0], failure_event_id=r[1], seq=r[2], occurred_at=r[3], reason=r[4]
+    )
+
+
 def load_period(
     session: Session, contract_id: str, start: datetime, end: datetime
 ) -> PeriodRecords:
@@ -206,24 +231,8 @@ def load_period(
         )
         for r in session.execute(_FAILURES_SQL, params)
     ]
-    outcomes = [
-        sla.Outcome(
-            event_id=r[0],
-            failure_event_id=r[1],
-            seq=r[2],
-            occurred_at=r[3],
-            outcome=r[4],
-            lost_steps=r[5],
-            recovery_seconds=r[6],
-            step_seconds=r[7],
-            gpus_affected=r[8],
-        )
-        for r in session.execute(_OUTCOMES_SQL, params)
-    ]
-    exclusions = [
-        sla.Exclusion(event_id=r[0], failure_event_id=r[1], seq=r[2], occurred_at=r[3], reason=r[4])
-        for r in session.execute(_EXCLUSIONS_SQL, params)
-    ]
+    outcomes = [outcome_from_row(r) for r in session.execute(_OUTCOMES_SQL, params)]
+    exclusions = [exclusion_from_row(r) for r in session.execute(_EXCLUSIONS_SQL, params)]
     jobs = [
         sla.JobSpan(job_id=r[0], gpus=r[1], started_at=r[2], finished_at=r[3])
         for r in session.execute(_JOBS_SQL, params)

@@ -18,7 +18,7 @@ from sqlalchemy import Text, and_, cast, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from billing import sla
-from billing.services import PeriodRecords
+from billing.services import PeriodRecords, exclusion_from_row, outcome_from_row
 from ledger.models import Exclusion, Failure, JobSpan, JournalEntry, Outcome
 
 __all__ = ["CheckpointRecords", "FailureDetail", "load_at_checkpoint"]
@@ -118,20 +118,7 @@ def load_at_checkpoint(
         .join(Failure, Failure.event_id == Outcome.failure_event_id)
         .where(in_period, Outcome.seq < tree_size)
     ).all()
-    outcomes = [
-        sla.Outcome(
-            event_id=r[0],
-            failure_event_id=r[1],
-            seq=r[2],
-            occurred_at=r[3],
-            outcome=r[4],
-            lost_steps=r[5],
-            recovery_seconds=r[6],
-            step_seconds=r[7],
-            gpus_affected=r[8],
-        )
-        for r in orows
-    ]
+    outcomes = [outcome_from_row(r) for r in orows]
     outcome_counts: dict[str, int] = {}
     for o in outcomes:
         outcome_counts[o.failure_event_id] = outcome_counts.get(o.failure_event_id, 0) + 1
@@ -148,12 +135,7 @@ def load_at_checkpoint(
         .join(Failure, Failure.event_id == Exclusion.failure_event_id)
         .where(in_period, Exclusion.seq < tree_size)
     ).all()
-    exclusions = [
-        sla.Exclusion(
-            event_id=r[0], failure_event_id=r[1], seq=r[2], occurred_at=r[3], reason=r[4]
-        )
-        for r in xrows
-    ]
+    exclusions = [exclusion_from_row(r) for r in xrows]
     latest_x = sla.latest_exclusions(exclusions)
     approved = {r[0]: r[5] for r in xrows}
     approved_by = {fid: approved[x.event_id] for fid, x in latest_x.items()}
