@@ -496,8 +496,8 @@ def verify_inclusion(
     """Check that ``leaf_hash`` is leaf ``leaf_index`` of the tree of ``tree_size`` with ``root``.
 
     RFC 9162 §2.1.3.2; matches transparency-dev/merkle's ``VerifyInclusion`` on every
-    shared probe, and additionally requires every proof element to be 32 bytes. Returns
-    ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
+    conformance probe (tests/data/rfc9162), and additionally requires every proof element
+    to be 32 bytes. Returns ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
     """
     calculated = root_from_inclusion_proof(leaf_index, tree_size, leaf_hash, proof)
     if calculated != root:
@@ -510,8 +510,8 @@ def verify_consistency(
     """Check that the tree (size2, root2) extends the tree (size1, root1).
 
     RFC 9162 §2.1.4.2. Equal sizes need an empty proof and equal roots. ``size1 == 0`` is
-    always rejected (a proof from the empty tree proves nothing; the shared probes require
-    this, unlike current transparency-dev/merkle). Proof elements must be 32 bytes.
+    always rejected (a proof from the empty tree proves nothing; the conformance probes
+    require this, unlike current transparency-dev/merkle). Proof elements must be 32 bytes.
     Returns ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
     """
     for name, v in (("size1", size1), ("size2", size2)):

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+TESTDATA = REPO / "tests" / "data"
 _counter = itertools.count()
 
 
@@ -136,7 +136,7 @@ def yoco_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> di
 
 @pytest.fixture
 def testdata() -> Path:
-    """The shared conformance vectors (``../shared/testdata``); their absence is a failure."""
-    path = SHARED / "testdata"
-    assert path.is_dir(), f"shared test data missing at {path}"
+    """The vendored conformance vectors (``tests/data``); their absence is a failure."""
+    path = TESTDATA
+    assert path.is_dir(), f"vendored test data missing at {path}"
     return path

@@ -1,4 +1,4 @@
-"""RFC 9162 Merkle tree: shared probes, reference cross-checks, node store, tampering, speed."""
+"""RFC 9162 Merkle tree: conformance probes, reference cross-checks, node store, tampering, speed."""
 
 from __future__ import annotations
 
@@ -39,13 +39,14 @@ from ledger.merkle import (
     verify_inclusion,
 )
 
-TESTDATA = Path(__file__).resolve().parents[2].parent / "shared" / "testdata" / "rfc9162"
+# Vendored RFC 9162 probes (origin and licence: tests/data/rfc9162/README.md).
+TESTDATA = Path(__file__).resolve().parents[1] / "data" / "rfc9162"
 PROBES = sorted(TESTDATA.glob("**/*.json")) if TESTDATA.is_dir() else []
 INCLUSION_PROBES = [p for p in PROBES if p.relative_to(TESTDATA).parts[0] == "inclusion"]
 CONSISTENCY_PROBES = [p for p in PROBES if p.relative_to(TESTDATA).parts[0] == "consistency"]
 
 # The 8 leaves of the RFC 6962 / certificate-transparency reference tree (the one the
-# shared probes' happy paths are built on) and its roots at sizes 1..8.
+# conformance probes' happy paths are built on) and its roots at sizes 1..8.
 CT_LEAVES = [
     b"",
     b"\x00",
@@ -98,11 +99,11 @@ def _flip(proof: Sequence[bytes], i: int, bit: int = 0) -> list[bytes]:
     return out
 
 
-# --------------------------------------------------------------------------- shared probes
+# --------------------------------------------------------------------------- conformance probes
 
 
 def test_probe_directory_is_present_and_complete() -> None:
-    assert TESTDATA.is_dir(), f"shared test data missing: {TESTDATA} (CI copies shared/ here)"
+    assert TESTDATA.is_dir(), f"vendored test data missing: {TESTDATA}"
     assert (TESTDATA / "README.md").is_file()
     assert len(INCLUSION_PROBES) >= 90, INCLUSION_PROBES
     assert len(CONSISTENCY_PROBES) >= 90, CONSISTENCY_PROBES
