@@ -497,7 +497,8 @@ def verify_inclusion(
 
     RFC 9162 §2.1.3.2; matches transparency-dev/merkle's ``VerifyInclusion`` on every
     conformance probe (tests/data/rfc9162), and additionally requires every proof element
-    to be 32 bytes. Returns ``None`` on success; raises :class:`ProofError` naming the failure otherwise.
+    to be 32 bytes. Returns ``None`` on success; raises :class:`ProofError` naming the
+    failure otherwise.
     """
     calculated = root_from_inclusion_proof(leaf_index, tree_size, leaf_hash, proof)
     if calculated != root:

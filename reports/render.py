@@ -15,6 +15,7 @@ pydyf, Pango and HarfBuzz versions (the fonts are subset by HarfBuzz).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,7 @@ STATIC = PACKAGE / "static"
 FONTS = STATIC / "fonts"
 
 _lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -99,6 +101,26 @@ def _fetcher() -> Any:
 
 
 @cache
+def warn_without_harfbuzz_subset() -> bool:
+    """Log a warning (once per process) when HarfBuzz's subsetter is missing; True if so.
+
+    Without ``libharfbuzz-subset0`` WeasyPrint falls back to fontTools to subset the
+    embedded fonts, which makes every PDF about twice as slow to render (measured in
+    docs/benchmarks-reports.md); the PDFs themselves stay correct.
+    """
+    from weasyprint.text import ffi
+
+    if getattr(ffi, "harfbuzz_subset", None) is not None:
+        return False
+    log.warning(
+        "libharfbuzz-subset0 is not installed: PDF reports render about twice as slowly "
+        "(WeasyPrint subsets fonts with fontTools instead). Install it "
+        "(apt-get install libharfbuzz-subset0, or bash scripts/setup)."
+    )
+    return True
+
+
+@cache
 def _pdf_resources() -> tuple[Any, Any]:
     from weasyprint import CSS
     from weasyprint.text.fonts import FontConfiguration
@@ -117,6 +139,7 @@ def html_to_pdf(html: str) -> bytes:
     """
     from weasyprint import HTML
 
+    warn_without_harfbuzz_subset()
     with _lock:  # one FontConfiguration per process; WeasyPrint is not thread-safe
         css, font_config = _pdf_resources()
         identifier = hashlib.sha256(html.encode("utf-8")).hexdigest()[:32].encode()
