@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 # Environment variables the supervisor sets for each worker process.
@@ -29,6 +30,7 @@ KEY_CKPT = "ckpt"  # JSON {step, path}: the newest durable checkpoint
 KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
+KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the benchmark)
 
 
 def plan_key(gen: int) -> str:
@@ -66,7 +68,32 @@ def waiting_key(slot: str) -> str:
     return f"waiting/{slot}"
 
 
-MODES = ("start", "live", "move", "rollback", "resume")
+def fired_key(action: str, step: int, rank: int | None) -> str:
+    """Counter that makes an injected fault fire once per job (the first adder wins)."""
+    return f"fired/{action}/{step}/{rank}"
+
+
+def killall_key(step: int) -> str:
+    """Key the first rank to reach a ``killall`` step arms with its generation."""
+    return f"fired/killall/{step}"
+
+
+class PlanMode(StrEnum):
+    """How the members of a generation get the state (see :class:`Plan`)."""
+
+    START = "start"
+    LIVE = "live"
+    MOVE = "move"
+    ROLLBACK = "rollback"
+    RESUME = "resume"
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """True for the modes in which every member loads a checkpoint."""
+        return self in (PlanMode.ROLLBACK, PlanMode.RESUME)
+
+
+MODES = tuple(m.value for m in PlanMode)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,7 +107,7 @@ class Plan:
     """
 
     gen: int
-    mode: str
+    mode: PlanMode
     members: list[str]
     donors: list[str] = field(default_factory=list)
     ckpt: str | None = None
@@ -89,9 +116,10 @@ class Plan:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown plan mode {self.mode!r}")
+        self.mode = PlanMode(self.mode)
         if not self.members:
             raise ValueError("a plan needs members")
-        if self.mode in ("rollback", "resume") and not self.ckpt:
+        if self.mode.from_checkpoint and not self.ckpt:
             raise ValueError("a rollback plan needs a checkpoint")
 
     def encode(self) -> str:
@@ -103,3 +131,35 @@ class Plan:
         """Parse a plan written by :meth:`encode`."""
         data: dict[str, Any] = json.loads(raw)
         return Plan(**data)
+
+
+class Phase(StrEnum):
+    """Where a worker's collective failed (in a :class:`FaultReport`)."""
+
+    STEP = "step"  # the gradient reduction of a step
+    SYNC = "sync"  # the commit vote or the state transfer
+    REGROUP = "regroup"  # building the generation's process group
+    ROLLBACK = "rollback"  # loading the checkpoint of a rollback/resume plan
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultReport:
+    """What a worker whose own collective failed reports under :func:`fault_key`."""
+
+    gen: int
+    step: int
+    phase: Phase
+    error: str
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)
+
+    def encode(self) -> str:
+        """Return the report as JSON."""
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def decode(raw: bytes | str) -> FaultReport:
+        """Parse a report written by :meth:`encode`."""
+        data: dict[str, Any] = json.loads(raw)
+        return FaultReport(**data)

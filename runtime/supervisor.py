@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,17 @@ from runtime.control import default_runs_root, take_requests, write_status
 from runtime.errors import ConfigError
 from runtime.faults import FaultSpec, encode_faults
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox
+from runtime.processes import WorkerPool, process_exiting
+from runtime.recovery import (
+    FailureClass,
+    Fence,
+    Incident,
+    JobState,
+    Move,
+    Outcome,
+    Recovery,
+    ReportedFault,
+)
 from runtime.sink import JsonlFileSink, RecordSink, SinkSpec
 from runtime.state import latest_checkpoint
 from runtime.telemetry import (
@@ -43,32 +54,10 @@ from runtime.telemetry import (
     TelemetrySource,
     WarningPolicy,
 )
-from runtime.zygote import ForkedProcess, Zygote
+
+__all__ = ["Incident", "JobResult", "LaunchConfig", "Supervisor", "launch", "process_exiting"]
 
 log = logging.getLogger("yoco.runtime.supervisor")
-
-_PF_EXITING = 0x4  # include/linux/sched.h: "getting shut down"
-_HAVE_PROC = os.path.isdir("/proc/self")
-
-
-def process_exiting(pid: int) -> bool:
-    """True once the kernel has started to tear process ``pid`` down.
-
-    A SIGKILLed process sets ``PF_EXITING`` (the flags word of ``/proc/PID/stat``, see
-    proc(5)) within ~1 ms, but its exit status becomes visible to ``waitpid`` only after
-    its memory is unmapped: 50-160 ms for a torch process holding a few hundred MB on this
-    machine. Deaths are therefore detected here, and classified by the exit status later.
-    Without ``/proc`` this always answers False (``waitpid`` alone then detects deaths).
-    """
-    if not _HAVE_PROC:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return True  # already reaped
-    fields = raw[raw.rindex(b")") + 2:].split()
-    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,20 +119,6 @@ class LaunchConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class Incident:
-    """One failure event waiting for its outcome."""
-
-    event_id: str
-    failure_class: str
-    cause: str
-    slots: list[str]
-    detected: float
-    step: int
-    emitted: bool = True  # False: a death whose exit status is not known yet
-    gen: int = -1  # the generation that failed
-
-
-@dataclass(kw_only=True, slots=True)
 class JobResult:
     """What a finished :meth:`Supervisor.run` returns."""
 
@@ -173,30 +148,29 @@ class Supervisor:
         self.deliverer = Deliverer(self.outbox, sink, DeliveryConfig())
         self.node = socket.gethostname()
         self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
-        self._zygote: Zygote | None = None
-        self._logs: dict[str, IO[bytes]] = {}
+        self.pool = WorkerPool(python=config.python, script=config.script, args=config.args,
+                               log_dir=self.run_dir / "logs")
         self.gpu_of: dict[str, int] = {}
+        # Membership: the current generation, its members and who holds their state.
+        self.gen = -1
         self.members: list[str] = []
         self.holders: set[str] = set()
         self.spares: list[str] = []
-        self.gen = -1
-        self.pending: list[Incident] = []
+        self.retired: set[str] = set()  # left on purpose, finished, or already handled
+        self.moving: set[str] = set()  # drained/warned workers until they have left
+        # Failures and their recovery.
+        self.state = JobState.RUNNING
+        self.recovery = Recovery()
         self.unemitted: list[Incident] = []  # deaths recovered from, record not yet written
-        self.recovery_gen: int | None = None
-        self.recovery_mode = ""
-        self.lost_steps = 0
-        self.rollback_step: int | None = None  # checkpoint step of the rollback in progress
         self.recoveries: list[dict[str, Any]] = []
+        self.fenced: dict[str, Fence] = {}
+        self.fault_seen = 0
+        self.first_fault: ReportedFault | None = None
+        self.killed_at: float | None = None  # when an injected kill fired (benchmarks)
+        self.moves: list[Move] = []
+        # Progress as rank 0 reports it.
         self.last_step = 0
         self.step_seconds = 0.0
-        self.retired: set[str] = set()
-        self.fenced: dict[str, tuple[str, str]] = {}
-        self.fault_seen = 0
-        self.first_fault: tuple[float, str, dict[str, Any]] | None = None
-        self.moves: list[tuple[str, str, str, str, float]] = []
-        self.moving: set[str] = set()
-        self._next_slot = 0
         self._last_progress_emit = 0.0
         self._progress_step_emitted = -1
         self._last_status = 0.0
@@ -223,8 +197,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------- processes
     def _spawn(self) -> str:
-        slot = f"w{self._next_slot}"
-        self._next_slot += 1
+        slot = self.pool.next_slot()
         env = {**os.environ, **self.cfg.env,
                P.ENV_STORE: f"{self.cfg.host}:{self.store.port}",
                P.ENV_SLOT: slot,
@@ -235,28 +208,15 @@ class Supervisor:
                P.ENV_SIGNAL_FILE: str(self.signal_file),
                P.ENV_CONTROL_DIR: str(self.control_dir)}
         if self.ngpu:
-            self.gpu_of[slot] = self._next_slot % self.ngpu
+            self.gpu_of[slot] = self.pool.started % self.ngpu
             env[P.ENV_DEVICE] = f"cuda:{self.gpu_of[slot]}"
         else:
             env[P.ENV_DEVICE] = "cpu"
-        log_path = self.run_dir / "logs" / f"{slot}.log"
-        if self._zygote is not None and self._zygote.ready:
-            try:
-                self.procs[slot] = self._zygote.spawn(
-                    slot, [self.cfg.script, *self.cfg.args], env, log_path)
-                return slot
-            except (RuntimeError, OSError) as exc:
-                log.warning("spare zygote failed (%s): starting %s as a new process",
-                            exc, slot)
-        logf = log_path.open("ab")
-        self._logs[slot] = logf
-        self.procs[slot] = subprocess.Popen([self.cfg.python, self.cfg.script, *self.cfg.args],
-                                            env=env, stdout=logf, stderr=subprocess.STDOUT)
+        self.pool.spawn(slot, env)
         return slot
 
     def _alive(self, slot: str) -> bool:
-        p = self.procs.get(slot)
-        return p is not None and p.poll() is None and not process_exiting(p.pid)
+        return self.pool.alive(slot)
 
     def _ready_spares(self) -> list[str]:
         return [s for s in self.spares
@@ -274,12 +234,12 @@ class Supervisor:
         self.store.set(P.KEY_GEN, str(plan.gen))
         self.gen = plan.gen
         self.members = list(plan.members)
-        self._write_status("running")
+        self._write_status(JobState.RUNNING)
 
-    def _write_status(self, state: str) -> None:
+    def _write_status(self, state: JobState) -> None:
         self._last_status = time.time()
         write_status(self.run_dir, {
-            "job_id": self.job_id, "state": state, "pid": os.getpid(), "gen": self.gen,
+            "job_id": self.job_id, "state": state.value, "pid": os.getpid(), "gen": self.gen,
             "members": self.members, "spares": self.spares, "step": self.last_step,
             "contract_id": self.cfg.contract_id})
 
@@ -299,25 +259,21 @@ class Supervisor:
         members = [self._spawn() for _ in range(self.cfg.workers)]
         self.spares = [self._spawn() for _ in range(self.cfg.spares)]
         if self.cfg.fork_spares:
-            self._logs["zygote"] = (self.run_dir / "logs" / "zygote.log").open("ab")
-            self._zygote = Zygote(self.cfg.python, {**os.environ, **self.cfg.env},
-                                  self._logs["zygote"])
+            self.pool.start_zygote({**os.environ, **self.cfg.env})
         self.holders = set(members)
         if resume_ckpt is not None:
             # The previous supervisor died: its workers died with it, so this is a rollback.
             ck_step, ck_path = resume_ckpt
             last = max([int(r.get("step", 0)) for r in prior] + [ck_step])
-            inc = self._open_incident("unplanned", "supervisor_lost", [], last,
+            inc = self._open_incident(FailureClass.UNPLANNED, "supervisor_lost", [], last,
                                       "supervisor restarted; job resumes from checkpoint")
-            self.lost_steps = last - ck_step
             self.last_step = last
-            self.recovery_mode = "rolled_back"
-            self.pending.append(inc)
-            self.recovery_gen = 0
-            self._publish(P.Plan(gen=0, mode="resume", members=members, ckpt=str(ck_path),
-                                 ckpt_step=ck_step))
+            self.recovery = Recovery(incidents=[inc], gen=0, outcome=Outcome.ROLLED_BACK,
+                                     lost_steps=last - ck_step)
+            self._publish(P.Plan(gen=0, mode=P.PlanMode.RESUME, members=members,
+                                 ckpt=str(ck_path), ckpt_step=ck_step))
         else:
-            self._publish(P.Plan(gen=0, mode="start", members=members))
+            self._publish(P.Plan(gen=0, mode=P.PlanMode.START, members=members))
         try:
             return self._loop()
         finally:
@@ -327,7 +283,7 @@ class Supervisor:
         while True:
             self._handle_deaths()
             self._emit_deaths(block=False)
-            if self.recovery_mode == "failed":
+            if self.state == JobState.FAILED:
                 return self._result(1)
             now = time.time()
             if now - self._last_store_poll < self.cfg.store_poll_interval_s:
@@ -345,26 +301,26 @@ class Supervisor:
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
             if now - self._last_status > 1.0:
-                self._write_status("running")
-            if not self.pending:
+                self._write_status(JobState.RUNNING)
+            if not self.recovery.active:
                 self._replenish()
             time.sleep(0.005)
 
     # ----------------------------------------------------------------- failures
-    def _failure_record(self, failure_class: str, cause: str, slots: list[str], step: int,
-                        detail: str, detected: float) -> dict[str, Any]:
+    def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
+                        step: int, detail: str, detected: float) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
-                        failure_class=failure_class, cause=cause, node=self.node, gpu=gpu,
-                        step=step, detail=detail,
+                        failure_class=failure_class.value, cause=cause, node=self.node,
+                        gpu=gpu, step=step, detail=detail,
                         occurred_at=datetime.fromtimestamp(detected, UTC).isoformat())
         self._emit(rec)
         log.warning("failure %s/%s on %s at step %d: %s", failure_class, cause,
                     ",".join(slots) or "-", step, detail)
         return rec
 
-    def _open_incident(self, failure_class: str, cause: str, slots: list[str], step: int,
-                       detail: str, detected: float | None = None) -> Incident:
+    def _open_incident(self, failure_class: FailureClass, cause: str, slots: list[str],
+                       step: int, detail: str, detected: float | None = None) -> Incident:
         detected = detected or time.time()
         rec = self._failure_record(failure_class, cause, slots, step, detail, detected)
         return Incident(event_id=rec["event_id"], failure_class=failure_class, cause=cause,
@@ -374,7 +330,7 @@ class Supervisor:
         """Members that died, with their exit status (None: still being torn down)."""
         out: list[tuple[str, int | None]] = []
         for slot in list(self.members) + list(self.moving):
-            p = self.procs.get(slot)
+            p = self.pool.procs.get(slot)
             if p is None or slot in self.retired:
                 continue
             rc = p.poll()
@@ -406,17 +362,19 @@ class Supervisor:
             self.moving.discard(slot)
         slots = [s for s, _ in dead]
         self.first_fault = None
-        last = self.pending[-1] if self.pending else None
-        if last is not None and last.failure_class == "unplanned" \
+        pending = self.recovery.incidents
+        last = pending[-1] if pending else None
+        if last is not None and last.failure_class == FailureClass.UNPLANNED \
                 and detected - last.detected < 1.0:
-            self.pending.pop()
+            pending.pop()
             last.slots += slots
             self._recover(last, [s for s in slots if s in self.members])
             return
-        inc = Incident(event_id="", failure_class="unplanned", cause="", slots=slots,
-                       detected=detected, step=self.last_step, emitted=False, gen=self.gen)
+        inc = Incident(event_id="", failure_class=FailureClass.UNPLANNED, cause="",
+                       slots=slots, detected=detected, step=self.last_step, emitted=False,
+                       gen=self.gen)
         self.unemitted.append(inc)
-        self._killed_at = self._read_killed_at()
+        self.killed_at = self._read_killed_at()
         self._recover(inc, [s for s in slots if s in self.members])
 
     def _emit_deaths(self, *, block: bool) -> None:
@@ -425,7 +383,7 @@ class Supervisor:
         for inc in list(self.unemitted):
             rcs: list[tuple[str, int | None]] = []
             for slot in inc.slots:
-                p = self.procs[slot]
+                p = self.pool.procs[slot]
                 rc = p.poll()
                 if rc is None and (block or time.time() - inc.detected > 5.0):
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -441,11 +399,12 @@ class Supervisor:
                 if int(prog.get("gen", inc.gen)) <= inc.gen:
                     inc.step = max(inc.step, int(prog["step"]))
                     self.last_step = max(self.last_step, inc.step)
-                    if self.recovery_mode == "rolled_back" and self.rollback_step is not None:
-                        self.lost_steps = max(self.lost_steps, inc.step - self.rollback_step)
+                    rec = self.recovery
+                    if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
+                        rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
             fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
             if fenced:
-                cause, detail = fenced[0]
+                cause, detail = fenced[0].cause, fenced[0].detail
             else:
                 rc = rcs[0][1]
                 if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
@@ -455,21 +414,22 @@ class Supervisor:
                 else:
                     cause = "process_exit"
                 detail = ", ".join(f"{s} exit {rc}" for s, rc in rcs)
-            rec = self._failure_record("unplanned", cause, inc.slots, inc.step, detail,
-                                       inc.detected)
-            inc.event_id, inc.cause, inc.emitted = rec["event_id"], cause, True
+            rec_ = self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
+                                        detail, inc.detected)
+            inc.event_id, inc.cause, inc.emitted = rec_["event_id"], cause, True
             self.unemitted.remove(inc)
 
     def _read_killed_at(self) -> float | None:
-        if self.store.check(["killed_at"]):
-            t = float(self.store.get("killed_at"))
-            self.store.delete_key("killed_at")
+        if self.store.check([P.KEY_KILLED_AT]):
+            t = float(self.store.get(P.KEY_KILLED_AT))
+            self.store.delete_key(P.KEY_KILLED_AT)
             return t
         return None
 
     def _recover(self, inc: Incident, dead: list[str]) -> None:
-        self.pending.append(inc)
-        if len(self.recoveries) + len(self.pending) > self.cfg.max_recoveries:
+        rec = self.recovery
+        rec.incidents.append(inc)
+        if len(self.recoveries) + len(rec.incidents) > self.cfg.max_recoveries:
             self._fail("too many recoveries")
             return
         survivors = [m for m in self.members if m not in dead and self._alive(m)]
@@ -483,10 +443,9 @@ class Supervisor:
             members = [replace.get(m, m) for m in self.members]
             for s in replace.values():
                 self.spares.remove(s)
-            mode = "live"
-            plan = P.Plan(gen=self.gen + 1, mode="live", members=members)
-            if self.recovery_mode != "rolled_back":
-                self.recovery_mode = "live_migrated"
+            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
+            if rec.outcome != Outcome.ROLLED_BACK:
+                rec.outcome = Outcome.LIVE_MIGRATED
         else:
             ck = self._latest_ckpt()
             if ck is None:
@@ -504,14 +463,13 @@ class Supervisor:
                     members.append(s)
                 else:
                     members.append(self._spawn())  # cold: imports torch from scratch
-            mode = "rollback"
-            plan = P.Plan(gen=self.gen + 1, mode="rollback", members=members, ckpt=str(ck_path),
-                          ckpt_step=ck_step)
-            self.recovery_mode = "rolled_back"
-            self.rollback_step = ck_step
-            self.lost_steps = max(self.last_step - ck_step, self.lost_steps)
-        log.warning("generation %d: %s recovery, members %s", plan.gen, mode, members)
-        self.recovery_gen = plan.gen
+            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.ROLLBACK, members=members,
+                          ckpt=str(ck_path), ckpt_step=ck_step)
+            rec.outcome = Outcome.ROLLED_BACK
+            rec.rollback_step = ck_step
+            rec.lost_steps = max(self.last_step - ck_step, rec.lost_steps)
+        log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode, members)
+        rec.gen = plan.gen
         self._publish(plan)
 
     def _latest_ckpt(self) -> tuple[int, Path] | None:
@@ -525,16 +483,16 @@ class Supervisor:
         log.error("job %s failed: %s", self.job_id, why)
         self._emit_deaths(block=True)
         now = time.time()
-        for inc in self.pending:
+        for inc in self.recovery.incidents:
             self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
-                                 outcome="failed", lost_steps=self.last_step,
+                                 outcome=Outcome.FAILED.value, lost_steps=self.last_step,
                                  recovery_seconds=max(now - inc.detected, 0.0),
                                  step_seconds=max(self.step_seconds, 1e-6),
                                  gpus_affected=self.cfg.workers))
-        self.pending = []
+        self.recovery = Recovery()
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=self.last_step))
-        self.recovery_mode = "failed"
+        self.state = JobState.FAILED
 
     def _handle_faults(self) -> None:
         count = int(self.store.add(P.KEY_FAULTS, 0))
@@ -543,49 +501,50 @@ class Supervisor:
             for slot in self.members:
                 if not self.store.check([P.fault_key(slot)]):
                     continue
-                report = json.loads(self.store.get(P.fault_key(slot)))
+                report = P.FaultReport.decode(self.store.get(P.fault_key(slot)))
                 self.store.delete_key(P.fault_key(slot))
-                if report["gen"] < self.gen:
+                if report.gen < self.gen:
                     continue  # about a generation already replaced
-                if report["phase"] == "rollback":
-                    self.pending.append(self._open_incident(
-                        "unplanned", "checkpoint_unreadable", [slot], self.last_step,
-                        report["error"])) if not self.pending else None
-                    self._fail(f"rollback failed on {slot}: {report['error']}")
+                if report.phase == P.Phase.ROLLBACK:
+                    if not self.recovery.active:
+                        self.recovery.incidents.append(self._open_incident(
+                            FailureClass.UNPLANNED, "checkpoint_unreadable", [slot],
+                            self.last_step, report.error))
+                    self._fail(f"rollback failed on {slot}: {report.error}")
                     return
                 if self.first_fault is None:
-                    self.first_fault = (time.time(), slot, report)
+                    self.first_fault = ReportedFault(at=time.time(), slot=slot,
+                                                     error=report.error)
         if self.first_fault is not None:
-            t, slot, report = self.first_fault
-            if time.time() - t >= self.cfg.fault_grace_s and self._alive(slot):
+            ff = self.first_fault
+            if time.time() - ff.at >= self.cfg.fault_grace_s and self._alive(ff.slot):
                 # No process died: the reporter's own collective failed. Fence it (kill)
                 # and let the death path replace it.
-                self.fenced[slot] = ("collective_error", report["error"])
-                self.procs[slot].kill()
+                self.fenced[ff.slot] = Fence(cause="collective_error", detail=ff.error)
+                self.pool.kill(ff.slot)
                 self.first_fault = None
 
     def _handle_ready(self) -> None:
-        if self.recovery_gen is None or not self.store.check([P.ready_key(self.recovery_gen)]):
+        rec = self.recovery
+        if rec.gen is None or not self.store.check([P.ready_key(rec.gen)]):
             return
-        timing = json.loads(self.store.get(P.ready_key(self.recovery_gen)))
+        timing = json.loads(self.store.get(P.ready_key(rec.gen)))
         self._emit_deaths(block=True)
+        rec = self.recovery  # (unchanged: emitting deaths does not plan)
+        outcome = rec.outcome or Outcome.LIVE_MIGRATED
         step_s = self.step_seconds or float(timing["step_seconds"])
-        for inc in self.pending:
-            lost = self.lost_steps if self.recovery_mode == "rolled_back" else 0
+        for inc in rec.incidents:
+            lost = rec.lost_steps if outcome == Outcome.ROLLED_BACK else 0
             self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
-                                 outcome=self.recovery_mode, lost_steps=lost,
+                                 outcome=outcome.value, lost_steps=lost,
                                  recovery_seconds=max(timing["first_step"] - inc.detected, 0.0),
                                  step_seconds=max(step_s, 1e-6),
                                  gpus_affected=len(self.members)))
             self.recoveries.append({
-                "outcome": self.recovery_mode, "class": inc.failure_class, "cause": inc.cause,
+                "outcome": outcome.value, "class": inc.failure_class.value, "cause": inc.cause,
                 "lost_steps": lost, "detected": inc.detected,
-                "killed_at": getattr(self, "_killed_at", None), **timing})
-        self.pending = []
-        self.recovery_gen = None
-        self.recovery_mode = ""
-        self.lost_steps = 0
-        self.rollback_step = None
+                "killed_at": self.killed_at, **timing})
+        self.recovery = Recovery()
         self.holders = set(self.members)
 
     # ----------------------------------------------------------------- moves
@@ -604,9 +563,10 @@ class Supervisor:
                 slot = next((m for m in self.members if self.gpu_of.get(m) == sig.gpu), None)
             if slot is None or slot not in self.members:
                 continue
-            if any(m[0] == slot for m in self.moves) or slot in self.moving:
+            if any(mv.slot == slot for mv in self.moves) or slot in self.moving:
                 continue
-            self.moves.append((slot, "preemptive", sig.cause, sig.detail, time.time()))
+            self.moves.append(Move(slot=slot, failure_class=FailureClass.PREEMPTIVE,
+                                   cause=sig.cause, detail=sig.detail, detected=time.time()))
 
     def _handle_drains(self) -> None:
         for req in take_requests(self.control_dir):
@@ -614,38 +574,41 @@ class Supervisor:
             if slot in self.spares:
                 self.spares.remove(slot)  # draining an idle spare: just retire it
                 self.retired.add(slot)
-                self.procs[slot].kill()
+                self.pool.kill(slot)
                 continue
             if slot not in self.members or slot in self.moving:
                 log.warning("drain request for unknown or moving worker %s ignored", slot)
                 continue
-            self.moves.append((slot, "planned", "maintenance",
-                               str(req.get("reason", "drain")), time.time()))
+            self.moves.append(Move(slot=slot, failure_class=FailureClass.PLANNED,
+                                   cause="maintenance", detail=str(req.get("reason", "drain")),
+                                   detected=time.time()))
 
     def _handle_moves(self) -> None:
-        if not self.moves or self.pending:
+        if not self.moves or self.recovery.active:
             return  # one membership change at a time; a move waits for the recovery
         ready = self._ready_spares()
         if not ready:
             if not self.spares and not self.cfg.replenish_spares:
-                log.warning("cannot move off %s: no spare", self.moves[0][0])
+                log.warning("cannot move off %s: no spare", self.moves[0].slot)
             return
-        slot, klass, cause, detail, detected = self.moves.pop(0)
-        if slot not in self.members:
+        mv = self.moves.pop(0)
+        if mv.slot not in self.members:
             # It died (an unplanned failure, already recorded) or was replaced meanwhile.
-            log.warning("%s move off %s dropped: no longer a member", klass, slot)
+            log.warning("%s move off %s dropped: no longer a member", mv.failure_class,
+                        mv.slot)
             return
         spare = ready[0]
         self.spares.remove(spare)
-        members = [spare if m == slot else m for m in self.members]
-        donors = [slot] if len(self.members) == 1 else []
-        inc = self._open_incident(klass, cause, [slot], self.last_step, detail, detected)
-        self.pending.append(inc)
-        self.recovery_mode = "live_migrated"
-        self.moving.add(slot)
-        self._killed_at = None
-        self.recovery_gen = self.gen + 1
-        self._publish(P.Plan(gen=self.gen + 1, mode="move", members=members, donors=donors))
+        members = [spare if m == mv.slot else m for m in self.members]
+        donors = [mv.slot] if len(self.members) == 1 else []
+        inc = self._open_incident(mv.failure_class, mv.cause, [mv.slot], self.last_step,
+                                  mv.detail, mv.detected)
+        self.recovery = Recovery(incidents=[inc], gen=self.gen + 1,
+                                 outcome=Outcome.LIVE_MIGRATED)
+        self.moving.add(mv.slot)
+        self.killed_at = None
+        self._publish(P.Plan(gen=self.gen + 1, mode=P.PlanMode.MOVE, members=members,
+                             donors=donors))
 
     # ----------------------------------------------------------------- progress & end
     def _handle_progress(self) -> None:
@@ -670,14 +633,14 @@ class Supervisor:
                                   step=step))
         deadline = time.time() + self.cfg.finish_timeout_s
         for slot in self.members:
-            p = self.procs[slot]
+            p = self.pool.procs[slot]
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(deadline - time.time(), 0.1))
-        bad = [s for s in self.members if self.procs[s].returncode not in (0, None)]
+        bad = [s for s in self.members if self.pool.procs[s].returncode not in (0, None)]
         return self._result(0 if not bad else 1)
 
     def _result(self, code: int) -> JobResult:
-        self._write_status("failed" if code else "finished")
+        self._write_status(JobState.FAILED if code else JobState.FINISHED)
         return JobResult(job_id=self.job_id, run_dir=self.run_dir, exit_code=code,
                          final_step=self.last_step, recoveries=self.recoveries,
                          delivered=False)
@@ -685,17 +648,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         with contextlib.suppress(Exception):
             self.store.set(P.KEY_SHUTDOWN, "1")
-        deadline = time.time() + 5
-        for p in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(deadline - time.time(), 0.05))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if self._zygote is not None:
-            self._zygote.close()
-        for f in self._logs.values():
-            f.close()
+        self.pool.shutdown()
 
     def deliver_and_stop(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout``) for the sink to acknowledge every record; True if so.

@@ -1,0 +1,242 @@
+"""Membership and generations, worker side: following the generations the supervisor
+publishes, building each generation's process groups, and waiting on collectives without
+ever blocking inside them.
+
+Why the waiting is done the way it is (measured on gloo/CPU): a survivor waiting on
+another survivor can block until the group timeout when a third peer dies, and
+``abort()`` does not release it. So no op is ever waited on with ``wait()``: a callback
+sets an event, and while it is not set the worker checks the generation the supervisor
+publishes. On a new generation the old group is abandoned (kept referenced, never
+destroyed, because destroying it could join a thread stuck in the dead op) and a new
+group is built on a fresh store prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from runtime import protocol as P
+from runtime.errors import CollectiveError, GenerationChanged
+
+log = logging.getLogger("yoco.runtime.membership")
+
+
+class GenerationWatch:
+    """Follows the generation counter the supervisor publishes without polling the
+    store: a thread with a connection of its own blocks in a store wait for the next
+    generation's plan key, which the supervisor writes just before ``gen``.
+
+    Why: every worker and spare checks for a new generation every 2 ms while it waits for
+    a collective or a transfer; as store round trips those checks took CPU from the
+    transfers themselves on a 2-core machine. Now a check is an attribute read.
+    ``ok`` turns False if the connection fails; callers then poll the store again.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.latest = -1
+        self.ok = True
+        self._cond = threading.Condition()
+        self._addr = (host, port)
+        threading.Thread(target=self._run, name="yoco-gen", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            store = dist.TCPStore(self._addr[0], self._addr[1], is_master=False,
+                                  timeout=timedelta(seconds=60))
+            nxt = 0
+            while True:
+                try:
+                    store.wait([P.plan_key(nxt)], timedelta(hours=1))
+                except dist.DistStoreError:
+                    continue  # the wait timed out: wait again
+                latest = nxt
+                if store.check([P.KEY_GEN]):
+                    latest = max(latest, int(store.get(P.KEY_GEN)))
+                with self._cond:
+                    self.latest = latest
+                    self._cond.notify_all()
+                nxt = latest + 1
+        except Exception as exc:  # the store is gone or broken: fall back to polling
+            log.warning("generation watch stopped (%s); polling the store instead", exc)
+            with self._cond:
+                self.ok = False
+                self._cond.notify_all()
+
+    def wait_beyond(self, gen: int, timeout: float) -> None:
+        """Block until a generation newer than ``gen`` is known, or ``timeout`` passed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.latest > gen or not self.ok, timeout)
+
+
+class Membership:
+    """This process's view of the job's membership: the store, the generation it is a
+    member of, and that generation's process groups.
+
+    ``pg`` reduces gradients (NCCL on CUDA, else gloo); ``cpu_pg`` is the gloo group for
+    control and CPU tensors (the same object on CPU).
+    """
+
+    def __init__(self, *, slot: str, store_addr: tuple[str, int], use_nccl: bool,
+                 poll_interval_s: float, regroup_timeout_s: float,
+                 collective_timeout_s: float, current_step: Callable[[], int]) -> None:
+        host, port = store_addr
+        self.slot = slot
+        self._current_step = current_step  # for fault reports
+        self.store_addr = store_addr
+        self.store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+        self.watch = GenerationWatch(host, port)
+        self.use_nccl = use_nccl
+        self.poll_interval_s = poll_interval_s
+        self.regroup_timeout_s = regroup_timeout_s
+        self.collective_timeout_s = collective_timeout_s
+        self.gen = -1
+        self.pg: Any = None
+        self.cpu_pg: Any = None
+        self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
+
+    # ----------------------------------------------------------------- generations
+    def latest_gen(self) -> int:
+        """The newest generation the supervisor has published (-1: none yet)."""
+        if self.watch.ok:
+            return self.watch.latest  # no store round trip: polled every 2 ms
+        return int(self.store.get(P.KEY_GEN)) if self.store.check([P.KEY_GEN]) else -1
+
+    def plan(self, gen: int) -> P.Plan:
+        """Generation ``gen``'s plan."""
+        return P.Plan.decode(self.store.get(P.plan_key(gen)))
+
+    def check_generation(self) -> None:
+        """Raise :class:`GenerationChanged` if a newer generation than ours that is not a
+        pending move (a move waits for the step boundary) has been published."""
+        latest = self.latest_gen()
+        if latest <= self.gen:
+            return
+        if latest == self.gen + 1 and self.plan(latest).mode == P.PlanMode.MOVE:
+            return  # a move waits for the step boundary; the flag is already raised
+        raise GenerationChanged(latest)
+
+    def await_gen(self, min_gen: int) -> int:
+        """Block until generation ``min_gen`` (or newer) exists; exit if shut down."""
+        last_shutdown_check = 0.0
+        while True:
+            latest = self.latest_gen()
+            if latest >= min_gen:
+                return latest
+            now = time.monotonic()
+            if now - last_shutdown_check > 0.05:
+                last_shutdown_check = now
+                if self.store.check([P.KEY_SHUTDOWN]):
+                    sys.exit(0)
+            if self.watch.ok:
+                self.watch.wait_beyond(min_gen - 1, 0.05)
+            else:
+                time.sleep(0.005)
+
+    # ----------------------------------------------------------------- groups
+    def form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg") -> None:
+        """Build this generation's group(s) on a fresh prefix, watching for a newer gen."""
+        result: dict[str, Any] = {}
+        timeout = timedelta(seconds=self.collective_timeout_s)
+        host, port = self.store_addr
+
+        def build() -> None:
+            try:
+                # A connection of its own: a TCPStore client runs one request at a time,
+                # and the rendezvous blocks in a store wait until every peer has written
+                # its address (up to the collective timeout). On the shared client a peer
+                # that died before writing it froze this process's generation polling
+                # behind that wait: the job hung after a kill-all with a spare called in.
+                store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+                result["store"] = store
+                base = dist.PrefixStore(f"g{gen}/{prefix}/", store)
+                gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", base), rank, size,
+                                             timeout)
+                result["cpu"] = gloo
+                if self.use_nccl:
+                    opts = dist.ProcessGroupNCCL.Options()
+                    opts._timeout = timeout
+                    result["main"] = dist.ProcessGroupNCCL(
+                        dist.PrefixStore("nccl/", base), rank, size, opts)
+                else:
+                    result["main"] = gloo
+            except Exception as exc:  # reported below as a collective failure
+                result["error"] = exc
+
+        thread = threading.Thread(target=build, name="yoco-pg", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.regroup_timeout_s
+        self.gen = gen  # so that check_generation compares against the new generation
+        while thread.is_alive():
+            thread.join(self.poll_interval_s * 2)
+            latest = self.latest_gen()
+            if latest > gen:
+                raise GenerationChanged(latest)
+            if time.monotonic() > deadline:
+                self.collective_failed(P.Phase.REGROUP,
+                                       CollectiveError("process group timeout"))
+        if "error" in result:
+            self.collective_failed(P.Phase.REGROUP, result["error"])
+        if self.pg is not None:
+            self._graveyard.extend([self.pg, self.cpu_pg])
+        self._graveyard.append(result["store"])  # the group's rendezvous connection
+        self.pg, self.cpu_pg = result["main"], result["cpu"]
+
+    # ----------------------------------------------------------------- waiting
+    def wait(self, work: Any, *, phase: P.Phase) -> None:
+        """Wait for ``work`` without ever blocking inside it; raise GenerationChanged
+        as soon as a newer non-move generation is published."""
+        done = threading.Event()
+        error: list[BaseException] = []
+        threaded = False
+        try:
+            work.get_future().add_done_callback(lambda _f: done.set())
+        except RuntimeError:
+            threaded = True
+            # gloo send/recv have no future and report is_completed() only after wait():
+            # block in wait() on a helper thread (it releases the GIL) and watch it.
+            def blocker() -> None:
+                try:
+                    work.wait()
+                except Exception as exc:  # surfaced below as a collective failure
+                    error.append(exc)
+                done.set()
+
+            threading.Thread(target=blocker, name="yoco-wait", daemon=True).start()
+        while not done.wait(self.poll_interval_s):
+            self.check_generation()
+        try:
+            if error:
+                raise error[0]
+            if not threaded:  # a second wait() on a gloo p2p work can block forever
+                work.wait()
+        except Exception as exc:  # gloo raises RuntimeError subclasses; any is a fault
+            self.collective_failed(phase, exc)
+
+    def wait_event(self, event: threading.Event) -> None:
+        """Wait for ``event``, raising GenerationChanged if the membership changes."""
+        while not event.wait(self.poll_interval_s):
+            self.check_generation()
+
+    def collective_failed(self, phase: P.Phase, exc: BaseException) -> None:
+        """Report the failure to the supervisor and wait for the next generation."""
+        report = P.FaultReport(gen=self.gen, step=self._current_step(), phase=phase,
+                               error=str(exc)[:500])
+        self.store.set(P.fault_key(self.slot), report.encode())
+        self.store.add(P.KEY_FAULTS, 1)
+        while True:
+            latest = self.latest_gen()
+            if latest > self.gen:
+                raise GenerationChanged(latest)
+            time.sleep(self.poll_interval_s * 5)
+
+    def mark(self, key: str, value: str) -> None:
+        """Set ``key`` in the supervisor's store."""
+        self.store.set(key, value)

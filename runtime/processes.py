@@ -1,0 +1,110 @@
+"""The supervisor's worker processes: starting them (as new processes or forked from the
+spare zygote), telling whether one is alive, and ending them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from runtime.zygote import ForkedProcess, Zygote
+
+log = logging.getLogger("yoco.runtime.processes")
+
+_PF_EXITING = 0x4  # include/linux/sched.h: "getting shut down"
+_HAVE_PROC = os.path.isdir("/proc/self")
+
+Process = subprocess.Popen[bytes] | ForkedProcess
+
+
+def process_exiting(pid: int) -> bool:
+    """True once the kernel has started to tear process ``pid`` down.
+
+    A SIGKILLed process sets ``PF_EXITING`` (the flags word of ``/proc/PID/stat``, see
+    proc(5)) within ~1 ms, but its exit status becomes visible to ``waitpid`` only after
+    its memory is unmapped: 50-160 ms for a torch process holding a few hundred MB on this
+    machine. Deaths are therefore detected here, and classified by the exit status later.
+    Without ``/proc`` this always answers False (``waitpid`` alone then detects deaths).
+    """
+    if not _HAVE_PROC:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return True  # already reaped
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
+
+
+class WorkerPool:
+    """Every process of one job, by slot name (``w0``, ``w1``, ...)."""
+
+    def __init__(self, *, python: str, script: str, args: list[str], log_dir: Path) -> None:
+        self.python = python
+        self.argv = [script, *args]
+        self.log_dir = log_dir
+        self.procs: dict[str, Process] = {}
+        self.zygote: Zygote | None = None
+        self._logs: dict[str, IO[bytes]] = {}
+        self._next_slot = 0
+
+    def next_slot(self) -> str:
+        """Reserve and return the next slot name."""
+        slot = f"w{self._next_slot}"
+        self._next_slot += 1
+        return slot
+
+    @property
+    def started(self) -> int:
+        """How many slots were handed out so far."""
+        return self._next_slot
+
+    def start_zygote(self, env: Mapping[str, str]) -> None:
+        """Start the fork server for replacement spares (runtime.zygote)."""
+        self._logs["zygote"] = (self.log_dir / "zygote.log").open("ab")
+        self.zygote = Zygote(self.python, dict(env), self._logs["zygote"])
+
+    def spawn(self, slot: str, env: dict[str, str]) -> None:
+        """Start ``slot``: forked from the zygote when it is ready, else a new process."""
+        log_path = self.log_dir / f"{slot}.log"
+        if self.zygote is not None and self.zygote.ready:
+            try:
+                self.procs[slot] = self.zygote.spawn(slot, self.argv, env, log_path)
+                return
+            except (RuntimeError, OSError) as exc:
+                log.warning("spare zygote failed (%s): starting %s as a new process",
+                            exc, slot)
+        logf = log_path.open("ab")
+        self._logs[slot] = logf
+        self.procs[slot] = subprocess.Popen([self.python, *self.argv], env=env, stdout=logf,
+                                            stderr=subprocess.STDOUT)
+
+    def alive(self, slot: str) -> bool:
+        """True while ``slot``'s process runs and is not being torn down."""
+        p = self.procs.get(slot)
+        return p is not None and p.poll() is None and not process_exiting(p.pid)
+
+    def kill(self, slot: str) -> None:
+        """SIGKILL ``slot``'s process."""
+        self.procs[slot].kill()
+
+    def shutdown(self, grace_s: float = 5.0) -> None:
+        """Wait up to ``grace_s`` for every process to end, kill the rest, close logs."""
+        deadline = time.time() + grace_s
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(deadline - time.time(), 0.05))
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.zygote is not None:
+            self.zygote.close()
+        for f in self._logs.values():
+            f.close()

@@ -1,0 +1,248 @@
+"""State transfer: the commit vote and the point-to-point copy of the full training state
+from the replicas that hold the highest committed step to the members that lack it.
+
+Small tensors are packed into one buffer; large ones travel one op each, straight from
+the sender's live tensors into the receiver's live parameters or into optimizer-state
+buffers a waiting process allocated (pre-faulted) before it was called in. The sender
+sends the packed buffer, then the model, then the optimizer state; the receiver installs
+everything but the optimizer state as soon as the model is in and runs its first step's
+forward/backward while the optimizer state is still arriving (:class:`Inflight`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from runtime import protocol as P
+from runtime.errors import CollectiveError
+from runtime.membership import Membership
+from runtime.state import (
+    SMALL_TENSOR_BYTES,
+    join_state,
+    nbytes,
+    pack,
+    partition,
+    refs,
+    split_state,
+    unpack,
+)
+
+# Optimizers whose state is K tensors shaped like each parameter (guessing wrong only
+# costs memory: unmatched state gets a buffer when it arrives).
+_TWO_BUFFERS: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.Adamax, torch.optim.Adadelta)
+_ONE_BUFFER: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.ASGD, torch.optim.Rprop)
+
+
+def state_buffers_per_param(optimizer: torch.optim.Optimizer) -> int:
+    """How many parameter-shaped state tensors ``optimizer`` keeps per parameter."""
+    if isinstance(optimizer, _TWO_BUFFERS):
+        return 2
+    if isinstance(optimizer, _ONE_BUFFER) or optimizer.defaults.get("momentum"):
+        return 1
+    return 0
+
+
+class Inflight:
+    """The p2p ops of a state transfer still in flight, waited for on one helper thread
+    (gloo p2p works have no future; each may be waited for only once), and what to do
+    once they are all complete. ``t_done``: when the last one completed."""
+
+    def __init__(self, works: list[Any], finish: Callable[[], None] | None) -> None:
+        self.finish = finish
+        self.done = threading.Event()
+        self.error: list[BaseException] = []
+        self.t_done = 0.0
+
+        def run() -> None:
+            try:
+                for w in works:
+                    w.wait()
+            except Exception as exc:  # surfaced by complete() as a collective failure
+                self.error.append(exc)
+            self.t_done = time.time()
+            self.done.set()
+
+        threading.Thread(target=run, name="yoco-transfer", daemon=True).start()
+
+
+class StateTransfer:
+    """Sends and receives one replica's full state (see the module docstring)."""
+
+    def __init__(self, *, membership: Membership, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, device: torch.device,
+                 state_dict: Callable[[], dict[str, Any]],
+                 load_state_dict: Callable[..., None],
+                 buffers_per_param: int | None) -> None:
+        self.m = membership
+        self.model = model
+        self.optimizer = optimizer
+        self.device = device
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        self._buffers_per_param = buffers_per_param
+        # Pre-faulted receive buffers for the optimizer state, by (shape, dtype, device).
+        self._spare_bufs: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        # The tail of a state transfer still in flight when the first step's body runs.
+        # Completed before the optimizer step.
+        self.inflight: Inflight | None = None
+        self.incomplete = False  # a receive began and its state is not all in
+
+    # ----------------------------------------------------------------- buffers
+    def preallocate(self) -> None:
+        """While waiting (a spare, or a member before the start sync), allocate zeroed
+        (so pre-faulted: receiving into fresh pages costs about as much as the copy)
+        buffers for the optimizer state a transfer will bring, so a recovery does not
+        pay for the allocation. Freed after the first sync if unused."""
+        k = self._buffers_per_param
+        if k is None:
+            k = state_buffers_per_param(self.optimizer)
+        for p in self.model.parameters():
+            key = (tuple(p.shape), p.dtype, p.device)
+            self._spare_bufs.setdefault(key, []).extend(
+                torch.zeros(p.shape, dtype=p.dtype, device=p.device) for _ in range(k))
+
+    def release_buffers(self) -> None:
+        """Free whatever pre-allocated buffer the transfer did not use."""
+        self._spare_bufs.clear()
+
+    def _take_buffer(self, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device | str) -> torch.Tensor:
+        pool = self._spare_bufs.get((tuple(shape), dtype, torch.device(device)))
+        if pool:
+            return pool.pop()
+        # zeros, not empty: pre-faulted pages halve the receive time.
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    # ----------------------------------------------------------------- sync
+    def sync(self, plan: P.Plan, *, has_state: bool, step: int) -> int:
+        """Run the commit vote among ``plan``'s participants and copy the highest
+        committed state to every member that lacks it; return the bytes moved."""
+        participants = plan.members + plan.donors
+        me = participants.index(self.m.slot)
+        # Who holds which committed step: survivors can be one step apart when a peer
+        # died inside an allreduce some of them had already completed.
+        holds = torch.zeros(len(participants), dtype=torch.float64)
+        holds[me] = float(step + 1) if has_state and not self.incomplete else 0.0
+        if plan.mode == P.PlanMode.START:
+            holds[me] = 1.0 if me == 0 else 0.0
+        self.m.wait(self.m.cpu_pg.allreduce([holds]), phase=P.Phase.SYNC)
+        committed = int(holds.max().item()) - 1
+        if committed < 0:
+            self.m.collective_failed(P.Phase.SYNC,
+                                     CollectiveError("no participant holds the state"))
+        sources = [r for r in range(len(participants)) if int(holds[r]) - 1 == committed]
+        # Donors only send: receivers are the members that lack the committed state.
+        receivers = [r for r in range(len(plan.members)) if r not in sources]
+        if not receivers:
+            return 0
+        # Prefer staying members as sources; a donor only sends if it is the only one.
+        staying = [s for s in sources if s < len(plan.members)] or sources
+        assign = {r: staying[i % len(staying)] for i, r in enumerate(receivers)}
+        if me in staying:
+            mine = [r for r, s in assign.items() if s == me]
+            return self._send(plan.gen, me, mine) if mine else 0
+        if me in assign:
+            return self._recv(plan.gen, assign[me])
+        return 0
+
+    def _send(self, gen: int, me: int, dsts: list[int]) -> int:
+        skel, tensors = split_state(self._state_dict())
+        self.m.store.set(P.skeleton_key(gen, me), pickle.dumps(skel))  # type: ignore[arg-type]
+        small, large = partition(tensors)
+        packed = pack([tensors[i] for i in small])
+        moved = 0
+        pending: list[Any] = []
+        for dst in dsts:
+            works = [self.m.cpu_pg.send([packed], dst, 0)]
+            for i in large:
+                t = tensors[i].contiguous()
+                pg = self.m.pg if t.device.type != "cpu" else self.m.cpu_pg
+                works.append(pg.send([t], dst, 1 + i))
+            pending.extend(works)
+            moved += packed.numel() + sum(tensors[i].numel() * tensors[i].element_size()
+                                          for i in large)
+        # The sends finish while this replica runs its next forward/backward (which does
+        # not touch the state); the optimizer step waits for them (complete()).
+        self.inflight = Inflight(pending, None)
+        return moved
+
+    def _recv(self, gen: int, src: int) -> int:
+        key = P.skeleton_key(gen, src)
+        while not self.m.store.check([key]):
+            self.m.check_generation()
+            time.sleep(self.m.poll_interval_s)
+        skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
+        self.incomplete = True
+        tensor_refs = refs(skel)
+        own_model = self.model.state_dict()
+        dest: list[torch.Tensor] = []
+        live: set[int] = set()  # indices received straight into the live model tensors
+        for ref in tensor_refs:
+            mine = own_model.get(ref.path[1]) if ref.path[0] == "model" else None
+            if mine is not None and tuple(mine.shape) == ref.shape and mine.dtype == ref.dtype:
+                dest.append(mine)
+                live.add(ref.index)
+            else:
+                dev = "cpu" if ref.on_cpu else self.device
+                dest.append(self._take_buffer(ref.shape, ref.dtype, dev))
+        small = [r for r in tensor_refs if nbytes(dest[r.index]) < SMALL_TENSOR_BYTES]
+        small_set = {r.index for r in small}
+        packed = torch.zeros(sum(nbytes(dest[r.index]) for r in small), dtype=torch.uint8)
+        # The sender sends in index order: the packed buffer, the model, the optimizer.
+        first = [self.m.cpu_pg.recv([packed], src, 0)]
+        later: list[Any] = []
+        for ref in tensor_refs:
+            if ref.index not in small_set:
+                t = dest[ref.index]
+                pg = self.m.pg if t.device.type != "cpu" else self.m.cpu_pg
+                (later if ref.path[0] == "optimizer" else first).append(
+                    pg.recv([t], src, 1 + ref.index))
+        for w in first:
+            self.m.wait(w, phase=P.Phase.SYNC)
+        for ref, t in zip(small, unpack(packed, small), strict=True):
+            if ref.index in live:
+                dest[ref.index].copy_(t)
+            else:
+                dest[ref.index] = t if ref.on_cpu else t.to(self.device)
+        model_refs = [r for r in tensor_refs if r.path[0] == "model"]
+        in_place = all(r.index in live for r in model_refs) and len(model_refs) == len(own_model)
+        state = join_state(skel, dest)
+        if not later:
+            self._load_state_dict(state, model_in_place=in_place)
+            self.incomplete = False
+            return sum(nbytes(t) for t in dest)
+        # Everything but the optimizer now, so that the first step's forward/backward
+        # overlaps with the rest of the transfer; the optimizer state when it is in.
+        self._load_state_dict(state | {"optimizer": None}, model_in_place=in_place)
+        self.inflight = Inflight(
+            later, lambda: self.optimizer.load_state_dict(state["optimizer"]))
+        return sum(nbytes(t) for t in dest)
+
+    def abandon(self) -> None:
+        """Drop a transfer still in flight: it belongs to an abandoned generation (a
+        receiver it left half-filled has ``incomplete`` set and receives again)."""
+        self.inflight = None
+
+    def complete(self) -> float | None:
+        """Wait for the tail of the last state transfer and install it; return when its
+        last op completed (None: nothing was in flight)."""
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        self.m.wait_event(inflight.done)
+        if inflight.error:
+            self.m.collective_failed(P.Phase.SYNC, inflight.error[0])
+        if inflight.finish is not None:
+            inflight.finish()
+            self.incomplete = False
+        self.inflight = None
+        return inflight.t_done
