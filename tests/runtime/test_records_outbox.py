@@ -38,7 +38,7 @@ def test_builders_follow_the_ingestion_table() -> None:
     (lambda r: r.update(lost_steps=2**53), "lost_steps"),
 ])
 def test_invalid_records_are_refused_naming_the_field(mutate, field) -> None:
-    rec = R.outcome(contract_id="c", failure_event_id="x", outcome="live_migrated",
+    rec = R.outcome(contract_id="c", failure_event_id=R.new_event_id(), outcome="live_migrated",
                     lost_steps=0, recovery_seconds=0.0, step_seconds=1.0, gpus_affected=1)
     mutate(rec)
     with pytest.raises(RecordError, match=field):
