@@ -7,6 +7,10 @@
   every figure) — then ``dispute_resolved`` naming it.
 * ``reject_dispute`` writes ``dispute_rejected``.
 
+A failure has at most one open dispute at a time (a second one is refused until the
+first is decided: one customer cannot flood the queue with copies), and whoever opened
+a dispute may not decide it (``decided_by`` must differ from ``opened_by``).
+
 A correction that touches a closed year marks it as pending an adjustment (see
 :mod:`billing.projections`); ``close-year`` run again adjusts it, flipping the
 credit if the verdict flips.
@@ -23,7 +27,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing import entries
-from billing.errors import DisputeNotOpen, UnknownDispute, UnknownFailure
+from billing.errors import (
+    DisputeAlreadyOpen,
+    DisputeNotOpen,
+    SelfDecision,
+    UnknownDispute,
+    UnknownFailure,
+)
 from billing.models import Dispute, Reclassification
 from billing.terms import FAILURE_CLASSES
 from billing.years import require_aware
@@ -95,7 +105,8 @@ def open_dispute(
     """Open a dispute of failure ``failure_event_id`` of ``contract_id``; never commits.
 
     Raises :class:`~ledger.errors.UnknownContract`, :class:`UnknownFailure` (not a
-    failure of that contract) or ValueError (empty reason, bad id); nothing written.
+    failure of that contract), :class:`DisputeAlreadyOpen` (the failure has an open
+    dispute: one at a time) or ValueError (empty reason, bad id); nothing written.
     """
     now = require_aware("now", now) if now is not None else datetime.now(UTC)
     reason = _text("reason", reason)
@@ -109,6 +120,17 @@ def open_dispute(
     if owner != contract_id:
         raise UnknownFailure(
             f"failure_event_id: {fid} is not a failure of contract {contract_id!r}"
+        )
+    # The log is locked (above): no concurrent open of the same failure can slip past.
+    already = session.execute(
+        select(Dispute.dispute_id).where(
+            Dispute.failure_event_id == fid, Dispute.status == "open"
+        ).limit(1)
+    ).scalar_one_or_none()
+    if already is not None:
+        raise DisputeAlreadyOpen(
+            f"failure_event_id: failure {fid} already has an open dispute ({already}); "
+            "it must be decided before another is opened"
         )
     did = uuid.uuid4()
     entry = entries.make_entry(
@@ -124,7 +146,13 @@ def open_dispute(
     return DisputeResult(dispute=dispute_json(d), event_ids=[str(did)])
 
 
-def _open(session: Session, dispute_id: str | uuid.UUID) -> tuple[Dispute, dict[str, int]]:
+def _same_person(a: str, b: str) -> bool:
+    return a.strip().casefold() == b.strip().casefold()
+
+
+def _open(
+    session: Session, dispute_id: str | uuid.UUID, decided_by: str
+) -> tuple[Dispute, dict[str, int]]:
     did = _uuid("dispute_id", dispute_id)
     d = session.get(Dispute, did)
     if d is None:
@@ -133,6 +161,10 @@ def _open(session: Session, dispute_id: str | uuid.UUID) -> tuple[Dispute, dict[
     session.refresh(d)
     if d.status != "open":
         raise DisputeNotOpen(f"dispute_id: dispute {did} is already {d.status}")
+    if _same_person(d.opened_by, decided_by):
+        raise SelfDecision(
+            f"decided_by: {decided_by!r} opened dispute {did} and may not decide it"
+        )
     return d, sizes
 
 
@@ -152,14 +184,15 @@ def resolve_dispute(
     ``exclusion`` writes an ``exclusion`` entry (``reason`` = ``note``, ``approved_by``
     = ``decided_by``).  ``reclassification`` needs ``failure_class`` and/or ``cause``
     and writes a ``reclassification`` entry.  Then ``dispute_resolved``.  Raises
-    :class:`UnknownDispute`, :class:`DisputeNotOpen` or ValueError; nothing written.
+    :class:`UnknownDispute`, :class:`DisputeNotOpen`, :class:`SelfDecision` (the
+    decider opened it) or ValueError; nothing written.
     """
     now = require_aware("now", now) if now is not None else datetime.now(UTC)
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution: expected one of {sorted(RESOLUTIONS)}, got {resolution!r}")
     decided_by = _text("decided_by", decided_by)
     note = _text("note", note)
-    d, sizes = _open(session, dispute_id)
+    d, sizes = _open(session, dispute_id, decided_by)
     fid = d.failure_event_id
     new: list[journal.NewEntry] = []
     if resolution == "exclusion":
@@ -258,12 +291,13 @@ def reject_dispute(
 ) -> DisputeResult:
     """Reject an open dispute (``dispute_rejected``); never commits.
 
-    Raises :class:`UnknownDispute`, :class:`DisputeNotOpen` or ValueError; nothing written.
+    Raises :class:`UnknownDispute`, :class:`DisputeNotOpen`, :class:`SelfDecision` or
+    ValueError; nothing written.
     """
     now = require_aware("now", now) if now is not None else datetime.now(UTC)
     decided_by = _text("decided_by", decided_by)
     note = _text("note", note)
-    d, sizes = _open(session, dispute_id)
+    d, sizes = _open(session, dispute_id, decided_by)
     decision_id = entries.event_id("dispute_decision", d.dispute_id)
     entries.append(
         session,

@@ -39,6 +39,14 @@ class DisputeNotOpen(BillingError):
     """A dispute that was already resolved or rejected."""
 
 
+class DisputeAlreadyOpen(BillingError):
+    """The failure already has an open dispute (one open dispute per failure)."""
+
+
+class SelfDecision(BillingError):
+    """Whoever opened a dispute may not decide it."""
+
+
 class UnknownFailure(BillingError):
     """A failure event id that is not a failure of the contract."""
 

@@ -111,11 +111,18 @@ async def _web_error(request: Request, exc: Exception) -> Response:
 
 def _domain_status(exc: Exception) -> tuple[int, str, str] | None:
     """HTTP status, title and message of a domain error (None if it is not one)."""
-    from billing.errors import BillingError, PeriodOutOfRange
+    from billing.errors import BillingError, DisputeAlreadyOpen, PeriodOutOfRange, SelfDecision
     from ledger.errors import LedgerError, UnknownContract, UnknownEntry
 
     if isinstance(exc, UnknownContract | UnknownEntry | PeriodOutOfRange):
         return 404, "Not found", NotFound().message
+    if isinstance(exc, DisputeAlreadyOpen):
+        return 409, "Not possible now", (
+            "This failure already has an open dispute; it must be decided before another "
+            "is opened."
+        )
+    if isinstance(exc, SelfDecision):
+        return 403, "Forbidden", "Whoever opened a dispute may not decide it."
     if isinstance(exc, BillingError | LedgerError):
         return 422, "Refused", str(exc)
     from reports.errors import MonthOutOfTerm, NoCheckpoint, ReportError

@@ -184,3 +184,28 @@ def client_for(app: FastAPI, seed: Seed) -> Iterator[Any]:
     yield make
     for c in clients:
         c.__exit__(None, None, None)
+
+
+def app_routes(app: Any) -> list[Any]:
+    """Every endpoint route of ``app`` (``APIRoute``), walking included routers.
+
+    FastAPI (0.16x) keeps included routers as lazy wrappers in ``app.routes``; their
+    routes are reached through ``original_router`` (the include prefix is empty here:
+    each router carries its own).
+    """
+    from fastapi.routing import APIRoute
+
+    out: list[Any] = []
+
+    def walk(routes: Any, prefix: str) -> None:
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            if inner is not None:
+                ctx = getattr(r, "include_context", None)
+                walk(inner.routes, prefix + (getattr(ctx, "prefix", "") or ""))
+            elif isinstance(r, APIRoute):
+                assert not prefix, "an include prefix: join it to the route's path"
+                out.append(r)
+
+    walk(app.routes, "")
+    return out

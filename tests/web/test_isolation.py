@@ -106,9 +106,11 @@ def test_read_token_sees_only_its_customer(client_for, seed) -> None:
 
 def test_staff_pages_are_not_found_for_customers(client_for) -> None:
     alice = client_for("a")
-    for path in ("/operator", "/operator/disputes", "/operator/years", "/finance",
-                 "/finance/export.csv"):
+    for path in ("/operator", "/operator/disputes", "/operator/years", "/finance"):
         assert alice.get(path).status_code == 404, path
+    token = csrf_of(alice.get("/contracts/C-A").text)
+    r = alice.post("/finance/export.csv", data={"csrf_token": token})
+    assert r.status_code == 404
 
 
 @pytest.mark.parametrize("table", ["contracts", "failures", "outcomes", "journal_entries",

@@ -167,9 +167,10 @@ def test_year_close_credit_and_finance_export(seeded) -> None:
             "amount"] == "250000.00"
     with TestClient(app) as finn:
         login(finn, seed.users["fin"])
-        assert "CN-C-A-Y1" in finn.get("/finance").text
+        page = finn.get("/finance").text
+        assert "CN-C-A-Y1" in page
         for fmt, magic in (("csv", b"credit"), ("json", b"{"), ("xlsx", b"PK")):
-            r = finn.get(f"/finance/export.{fmt}")
+            r = finn.post(f"/finance/export.{fmt}", data={"csrf_token": csrf_of(page)})
             assert r.status_code == 200 and magic in r.content[:200], fmt
 
 

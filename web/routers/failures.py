@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.deps import CsrfDep, PageDb, PortalDep, UserDep
-from web.errors import Invalid
+from web.errors import Forbidden, Invalid
 from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
 from web.render import fragment, page
@@ -150,7 +150,13 @@ def open_dispute(
     _csrf: CsrfDep,
     reason: Annotated[str, Form(max_length=4000)] = "",
 ) -> Response:
-    """Open a dispute of a failure (customers), recorded in the contract's ledger."""
+    """Open a dispute of a failure, recorded in the contract's ledger.
+
+    Only the contract's customer may (staff decide disputes; nobody decides their own),
+    and a failure has at most one open dispute at a time (409 for a second).
+    """
+    if user.role != "customer":
+        raise Forbidden("Only the contract's customer opens disputes.")
     with portal.db.read(user) as db:
         detail = services.failure_detail(
             db, user, portal.views, contract_id, event_id, portal.now()

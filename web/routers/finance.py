@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from web import billing_bridge
-from web.deps import FinanceDep, PageDb, PortalDep
+from web.deps import CsrfDep, FinanceDep, PageDb, PortalDep
 from web.errors import NotFound
 from web.render import page
 
@@ -33,9 +33,13 @@ def finance_page(request: Request, user: FinanceDep, db: PageDb) -> Response:
     )
 
 
-@router.get("/finance/export.{fmt}")
-def export(fmt: str, user: FinanceDep, portal: PortalDep) -> Response:
-    """The finance export of credits as CSV, XLSX or JSON (download)."""
+@router.post("/finance/export.{fmt}")
+def export(fmt: str, user: FinanceDep, portal: PortalDep, _csrf: CsrfDep) -> Response:
+    """The finance export of credits as CSV, XLSX or JSON (download).
+
+    A POST with the form's CSRF token: every export is recorded in finance's log, so a
+    GET (a link, a prefetch, a crawler, another site's ``<img>``) must not make one.
+    """
     if fmt not in FORMATS:
         raise NotFound()
     with portal.db.write() as db:
