@@ -494,7 +494,13 @@ def demo(
 
 
 #: Command modules of the other domains; each exposes ``register(app)``.
-COMMAND_MODULES = ("yoco.cli_billing", "yoco.cli_reports", "yoco.cli_web", "yoco.cli_runtime")
+COMMAND_MODULES = (
+    "yoco.cli_billing",
+    "yoco.cli_reports",
+    "yoco.cli_web",
+    "yoco.cli_runtime",
+    "yoco.cli_risk",
+)
 
 
 def _register_optional() -> None:

@@ -18,30 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from billing import risk
+
 MTTF_HOURS_AT_1024 = 7.9
 GPU_SIZES = (8, 16, 64, 128, 256, 512, 1024, 2048, 4096)
 GPU_WEIGHTS = (20, 15, 20, 12, 10, 8, 8, 4, 3)
-CLASS_MIX = (("unplanned", 0.70), ("preemptive", 0.22), ("planned", 0.08))
-CAUSES = {
-    "unplanned": (
-        ("gpu_lost", 30),
-        ("ecc_uncorrectable", 20),
-        ("node_power", 8),
-        ("kernel_panic", 10),
-        ("process_killed", 12),
-        ("nic_down", 10),
-        ("network_wide_outage", 4),
-        ("facility_power", 2),
-        ("customer_code", 4),
-    ),
-    "preemptive": (("ecc_rising", 40), ("thermal", 25), ("row_remap_pending", 20), ("xid", 15)),
-    "planned": (("maintenance", 60), ("firmware", 25), ("patching", 15)),
-}
-OUTCOME_MIX = {
-    "unplanned": (("live_migrated", 0.90), ("rolled_back", 0.08), ("failed", 0.02)),
-    "preemptive": (("live_migrated", 0.97), ("rolled_back", 0.03), ("failed", 0.0)),
-    "planned": (("live_migrated", 0.99), ("rolled_back", 0.01), ("failed", 0.0)),
-}
+# One home for the mix: the risk model prices the guarantee on the same assumptions.
+CLASS_MIX = risk.CLASS_MIX
+CAUSES = risk.CAUSE_MIX
+OUTCOME_MIX = risk.OUTCOME_MIX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
