@@ -1,4 +1,4 @@
-"""Users, login sessions, API tokens and login rate limits (the application role's tables).
+"""Users, login sessions, API tokens and login limits (the application role's tables).
 
 Services take a session and never commit; the caller's unit of work does.
 """
@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from argon2 import PasswordHasher
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from ledger.models import Contract
 from web.errors import Invalid, RateLimited
-from web.models import ROLES, ApiToken, LoginAttempt, PortalSession, PortalUser
+from web.models import ROLES, ApiToken, PortalSession, PortalUser
 from web.security import hash_password, new_api_token, same_hash, sha256, token_prefix
 from web.security import verify_password as _verify
 
@@ -109,55 +111,179 @@ def customer_exists(session: Session, customer: str) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoginLimits:
+    """How many failed logins each key allows before it backs off.
+
+    ``per_pair``: an account at one client address (the real user at their own client
+    is not locked out by someone guessing elsewhere); ``per_address``: a client over all
+    accounts (password spraying); ``per_account``: an account over all clients (a
+    distributed guess), set well above ``per_pair``.  Past a limit the key is blocked
+    for ``backoff``, doubled at every further failure, at most ``window``; a key quiet
+    for a whole ``window`` (after its last failure and the end of its last block) starts
+    again from zero.
+    """
+
+    per_pair: int
+    per_address: int
+    per_account: int
+    window: timedelta
+    backoff: timedelta
+
+    def keys(self, email: str, address: str) -> dict[str, int]:
+        """The keys an attempt counts under, with their limits."""
+        return {
+            f"pair:{email}|{address}": self.per_pair,
+            f"addr:{address}": self.per_address,
+            f"acct:{email}": self.per_account,
+        }
+
+
+# ``n``: the key's count with this attempt (from 1 again after a quiet window).  Run
+# with the rows already locked (FOR UPDATE, in key order) by the same transaction.
+_CLAIM = text(
+    """
+    UPDATE login_limits AS l SET
+        failures = v.n,
+        last_at = :now,
+        blocked_until = CASE WHEN v.n >= v.lim
+            THEN :now + make_interval(secs => least(
+                :cap, :backoff * power(2, least(v.n - v.lim, 40))))
+            ELSE NULL END
+    FROM (
+        SELECT k.key, k.lim,
+               CASE WHEN coalesce(x.blocked_until, x.last_at) <= :since THEN 1
+                    ELSE x.failures + 1 END AS n
+        FROM (SELECT unnest(CAST(:keys AS text[])) AS key,
+                     unnest(CAST(:limits AS integer[])) AS lim) AS k
+        JOIN login_limits AS x ON x.key = k.key
+    ) AS v
+    WHERE l.key = v.key AND (l.blocked_until IS NULL OR l.blocked_until <= :now)
+    RETURNING l.key
+    """
+)
+
+
+def claim_attempt(
+    session: Session, keys: dict[str, int], *, now: datetime, window: timedelta,
+    backoff: timedelta,
+) -> None:
+    """Count one login attempt under every key, or raise :class:`RateLimited`.
+
+    Atomic under concurrency: the keys' rows are locked (in key order, so two attempts
+    never wait on each other crosswise) and counted by one ``UPDATE … RETURNING`` before
+    any password is checked; the caller commits at once.  When any key is blocked,
+    nothing is counted (the caller rolls back) and the error says when to retry.
+    """
+    names = sorted(keys)
+    for _ in range(3):  # a row deleted as stale between the insert and the lock: again
+        session.execute(
+            text(
+                "INSERT INTO login_limits (key, failures, last_at) "
+                "SELECT k, 0, :now FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k "
+                "ON CONFLICT (key) DO NOTHING"
+            ),
+            {"keys": names, "now": now},
+        )
+        rows = session.execute(
+            text(
+                "SELECT key, blocked_until FROM login_limits WHERE key = ANY(:keys) "
+                "ORDER BY key FOR UPDATE"
+            ),
+            {"keys": names},
+        ).all()
+        if len(rows) == len(names):
+            break
+    else:  # pragma: no cover - three races in a row with the stale-row cleanup
+        raise RateLimited(1)
+    blocked = [b for _, b in rows if b is not None and b > now]
+    if blocked:
+        raise RateLimited(int((max(blocked) - now).total_seconds()) + 1)
+    claimed = session.execute(
+        _CLAIM,
+        {
+            "keys": names,
+            "limits": [keys[k] for k in names],
+            "now": now,
+            "since": now - window,
+            "cap": window.total_seconds(),
+            "backoff": backoff.total_seconds(),
+        },
+    ).scalars().all()
+    assert len(claimed) == len(names), "rows locked and unblocked, yet not all counted"
+
+
+def release_attempt(session: Session, keys: dict[str, int], *, now: datetime) -> None:
+    """Uncount a successful attempt: its account at this client starts afresh, and the
+    client's and the account's counts lose the attempt they had claimed."""
+    pair = next(k for k in keys if k.startswith("pair:"))
+    session.execute(text("DELETE FROM login_limits WHERE key = :k"), {"k": pair})
+    others = sorted(k for k in keys if k != pair)
+    session.execute(
+        text(
+            """
+            UPDATE login_limits AS l SET
+                failures = greatest(l.failures - 1, 0),
+                blocked_until = CASE WHEN l.failures - 1 < v.lim THEN NULL
+                                     ELSE l.blocked_until END
+            FROM (SELECT unnest(CAST(:keys AS text[])) AS key,
+                         unnest(CAST(:limits AS integer[])) AS lim) AS v
+            WHERE l.key = v.key
+            """
+        ),
+        {"keys": others, "limits": [keys[k] for k in others]},
+    )
+
+
+def forget_quiet_keys(session: Session, *, now: datetime, window: timedelta) -> None:
+    """Drop up to 100 keys quiet for a whole window (so guessed e-mails do not pile up)."""
+    session.execute(
+        text(
+            "DELETE FROM login_limits WHERE key IN (SELECT key FROM login_limits "
+            "WHERE coalesce(blocked_until, last_at) <= :since "
+            "LIMIT 100)"
+        ),
+        {"since": now - window},
+    )
+
+
 def authenticate(
-    session: Session,
+    unit: Callable[[], AbstractContextManager[Session]],
     hasher: PasswordHasher,
     *,
     email: str,
     password: str,
     address: str,
-    per_account: int,
-    per_address: int,
-    window: timedelta,
+    limits: LoginLimits,
+    hours: float,
     now: datetime | None = None,
-) -> PortalUser | None:
-    """The user whose e-mail and password match, or None (the failure is recorded).
+) -> str | None:
+    """Check e-mail and password and open a session: its token, or None (a failure).
 
-    Raises :class:`RateLimited` before checking anything when the account or the
-    client address has had too many failures in ``window``.  An unknown e-mail costs
-    the same argon2 work as a wrong password, so timing does not tell them apart.
+    Raises :class:`RateLimited` before checking anything when a key of the attempt
+    (the account at this client, the client, the account anywhere) is blocked.  Three
+    units of work from ``unit``: the attempt is claimed and committed first (so no
+    row lock is held while argon2 runs), then the password is checked and, when right,
+    the claim released and the session opened.  An unknown e-mail costs the same
+    argon2 work as a wrong password, so timing does not tell them apart.
     """
     now = now or datetime.now(UTC)
     email = email.strip().lower()[:320]
-    keys = (f"email:{email}", f"addr:{address}")
-    since = now - window
-    counts = dict(
-        session.execute(
-            select(LoginAttempt.key, func.count())
-            .where(LoginAttempt.key.in_(keys), LoginAttempt.at >= since)
-            .group_by(LoginAttempt.key)
-        ).all()
-    )
-    if counts.get(keys[0], 0) >= per_account or counts.get(keys[1], 0) >= per_address:
-        oldest = session.execute(
-            select(func.min(LoginAttempt.at)).where(
-                LoginAttempt.key.in_(keys), LoginAttempt.at >= since
-            )
-        ).scalar_one()
-        retry = int(((oldest or now) + window - now).total_seconds()) + 1
-        raise RateLimited(retry)
-    user = session.execute(
-        select(PortalUser).where(PortalUser.email == email)
-    ).scalar_one_or_none()
-    ok = _verify(hasher, user.password_hash if user else None, password)
-    if not ok or user is None or user.disabled:
-        session.add_all([LoginAttempt(key=k, at=now) for k in keys])
-        session.flush()
-        return None
-    session.execute(delete(LoginAttempt).where(LoginAttempt.key == keys[0]))
-    if hasher.check_needs_rehash(user.password_hash):
-        user.password_hash = hash_password(hasher, password)
-    return user
+    keys = limits.keys(email, address)
+    with unit() as session:
+        claim_attempt(session, keys, now=now, window=limits.window, backoff=limits.backoff)
+    with unit() as session:
+        user = session.execute(
+            select(PortalUser).where(PortalUser.email == email)
+        ).scalar_one_or_none()
+        ok = _verify(hasher, user.password_hash if user else None, password)
+        if not ok or user is None or user.disabled:
+            forget_quiet_keys(session, now=now, window=limits.window)
+            return None
+        release_attempt(session, keys, now=now)
+        if hasher.check_needs_rehash(user.password_hash):
+            user.password_hash = hash_password(hasher, password)
+        return open_session(session, user, hours)
 
 
 def open_session(session: Session, user: PortalUser, hours: float) -> str:

@@ -48,10 +48,14 @@ SECURITY_HEADERS = {
 
 
 _HEADER_BYTES = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+#: Tenant data (API JSON, proofs, reports, exports) must not sit in a shared or browser
+#: cache: every response but the static assets is ``no-store`` unless it says otherwise.
+_NO_STORE = (b"cache-control", b"no-store")
 
 
 class SecurityHeaders:
-    """Adds :data:`SECURITY_HEADERS` to every HTTP response that does not set them."""
+    """Adds :data:`SECURITY_HEADERS` (and ``Cache-Control: no-store``, except under
+    ``/static``) to every HTTP response that does not set them."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -61,11 +65,15 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        static = scope.get("path", "").startswith("/static/")
+
         async def send_with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {k.lower() for k, _ in headers}
                 headers.extend((k, v) for k, v in _HEADER_BYTES if k not in present)
+                if not static and _NO_STORE[0] not in present:
+                    headers.append(_NO_STORE)
                 message = {**message, "headers": headers}
             await send(message)
 

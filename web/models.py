@@ -1,4 +1,4 @@
-"""Tables of the portal: users, API tokens, login sessions, login attempts.
+"""Tables of the portal: users, API tokens, login sessions, login limits.
 
 None of them is readable by the portal's database role (``yoco_portal``): they are
 read and written through the application role, before a request knows its tenant.
@@ -15,6 +15,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     LargeBinary,
     Text,
     func,
@@ -98,18 +99,25 @@ class ApiToken(Base):
     )
 
 
-class LoginAttempt(Base):
-    """A failed login, by account (``email:…``) and by client address (``addr:…``)."""
+class LoginLimit(Base):
+    """Failed logins counted under one key: an account at a client (``pair:…``), a client
+    address (``addr:…``) or an account from anywhere (``acct:…``).
 
-    __tablename__ = "login_attempts"
+    ``failures`` counts attempts since the key was last quiet for a whole window (an
+    attempt is counted *before* its password is checked, then uncounted if it was
+    right, so concurrent attempts cannot all slip under the limit); once ``failures``
+    reaches the key's limit, the key is blocked until ``blocked_until``, a delay that
+    doubles with every further failure (capped at the window).
+    """
 
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    key: Mapped[str] = mapped_column(Text, nullable=False)
-    at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    __tablename__ = "login_limits"
 
-    __table_args__ = (Index(None, "key", "at"),)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    blocked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index(None, "last_at"),)
 
 
-WEB_TABLES = ("portal_users", "portal_sessions", "api_tokens", "login_attempts")
+WEB_TABLES = ("portal_users", "portal_sessions", "api_tokens", "login_limits")

@@ -21,10 +21,15 @@ class WebSettings(BaseSettings):
     #: ``auto``: cookies are Secure when the request came over HTTPS; ``always`` / ``never``.
     secure_cookies: str = "auto"
     session_hours: float = 12.0
-    #: Failed logins allowed per account, and per client address, in the window.
-    login_failures_per_account: int = 5
-    login_failures_per_address: int = 30
-    login_window_minutes: float = 15.0
+    #: Failed logins allowed for one account at one client address, for one client
+    #: over all accounts, and for one account over all clients, before that key backs
+    #: off: blocked ``login_backoff_seconds``, doubled at each further failure, at most
+    #: the window; a key quiet for a whole window starts again.
+    login_failures_per_account: int = Field(default=5, ge=1)
+    login_failures_per_address: int = Field(default=30, ge=1)
+    login_failures_per_account_everywhere: int = Field(default=50, ge=1)
+    login_backoff_seconds: float = Field(default=30.0, gt=0)
+    login_window_minutes: float = Field(default=15.0, gt=0)
     #: Seconds a contract year's figures are reused (they are also recomputed as soon
     #: as the contract's log grows).
     figures_ttl_seconds: float = 60.0

@@ -209,3 +209,35 @@ def app_routes(app: Any) -> list[Any]:
 
     walk(app.routes, "")
     return out
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    """``serve(app)``: run ``app`` under a real uvicorn server on 127.0.0.1 (a thread of
+    this process), and return its ``(host, port)``; stopped at the end of the test."""
+    import threading
+    import time
+
+    import uvicorn
+
+    running: list[tuple[Any, threading.Thread]] = []
+
+    def start(app: Any) -> tuple[str, int]:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                lifespan="on")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            assert thread.is_alive(), "uvicorn stopped while starting"
+            time.sleep(0.02)
+        running.append((server, thread))
+        port = server.servers[0].sockets[0].getsockname()[1]
+        return "127.0.0.1", int(port)
+
+    yield start
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -59,6 +59,26 @@ def _refused(status: int, detail: str, errors: list[RecordError]) -> JSONRespons
     return JSONResponse({"detail": detail, "errors": out}, status_code=status)
 
 
+async def read_limited(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to exceed ``limit`` bytes.
+
+    A declared ``Content-Length`` over the limit is refused before reading anything; a
+    chunked body (no length) is read as it streams and dropped at the first chunk that
+    goes past the limit, so a client cannot make the server buffer more than ``limit``.
+    """
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 @router.post(
     "/records",
     response_model=IngestOut,
@@ -88,12 +108,13 @@ async def post_records(request: Request, writer: WriterDep, portal: PortalDep) -
     same event_id with different content is refused.
     """
     limit = portal.settings.max_batch_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return JSONResponse({"detail": f"the batch exceeds {limit} bytes"}, status_code=413)
-    body = await request.body()
-    if len(body) > limit:
-        return JSONResponse({"detail": f"the batch exceeds {limit} bytes"}, status_code=413)
+    body = await read_limited(request, limit)
+    if body is None:
+        return JSONResponse(
+            {"detail": f"the batch exceeds {limit} bytes; nothing written"},
+            status_code=413,
+            headers={"Connection": "close"},
+        )
     try:
         objs = parse_json_strict(body)
     except JsonInputError as exc:

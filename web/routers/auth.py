@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from web.accounts import authenticate, close_session, open_session
+from web.accounts import LoginLimits, authenticate, close_session
 from web.deps import SESSION_COOKIE, CsrfDep, PortalDep, caller
 from web.errors import RateLimited
 from web.render import page, secure_cookies
@@ -43,19 +43,24 @@ def login(
     """Check e-mail and password (rate-limited) and start a session."""
     s = portal.settings
     address = request.client.host if request.client else "unknown"
+    limits = LoginLimits(
+        per_pair=s.login_failures_per_account,
+        per_address=s.login_failures_per_address,
+        per_account=s.login_failures_per_account_everywhere,
+        window=timedelta(minutes=s.login_window_minutes),
+        backoff=timedelta(seconds=s.login_backoff_seconds),
+    )
     try:
-        with portal.db.write() as db:
-            user = authenticate(
-                db,
-                portal.hasher,
-                email=email,
-                password=password,
-                address=address,
-                per_account=s.login_failures_per_account,
-                per_address=s.login_failures_per_address,
-                window=timedelta(minutes=s.login_window_minutes),
-            )
-            token = open_session(db, user, s.session_hours) if user is not None else None
+        token = authenticate(
+            portal.db.write,
+            portal.hasher,
+            email=email,
+            password=password,
+            address=address,
+            limits=limits,
+            hours=s.session_hours,
+            now=portal.now(),
+        )
     except RateLimited as exc:
         response = page(
             request,
