@@ -1,7 +1,8 @@
 """Benchmarks of the migration runtime on this machine (CPU, gloo, loopback), each with its
 peers in the same run, interleaved, several repetitions.
 
-    python bench/runtime_bench.py [--section throughput|recovery|torchft|jct|all] [--reps N]
+    python bench/runtime_bench.py [--section throughput|recovery|torchft|jct|hang|all]
+        [--reps N]
 
 * throughput: examples/mlp_train.py under the runtime vs the same loop in plain DDP and in
   a manual flat-buffer allreduce loop (bench/runtime_ddp_worker.py);
@@ -11,6 +12,8 @@ peers in the same run, interleaved, several repetitions.
   (raw TCP and gloo send/recv, pre-faulted buffers, best of several);
 * torchft: TorchFT 0.2.0's Manager (bench/runtime_torchft_worker.py) on the same model:
   steady step time and recovery next to ours;
+* hang: SIGSTOP of one worker: how long the step watchdog takes to fence it, against
+  the steady step time;
 * jct: job completion time with 3 failures: the runtime vs a checkpoint-restart baseline
   behaving like torchrun (bench/runtime_baseline_worker.py restarted by a supervisor here)
   vs no failure.
@@ -21,6 +24,7 @@ See docs/benchmarks-runtime.md for the figures and where the time goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -408,6 +412,67 @@ def jct(tmp: Path, reps: int) -> None:
     print(f"[jct] runtime recoveries (outcome, lost steps, recovery_seconds): {lost}")
 
 
+def hang(tmp: Path, reps: int) -> None:
+    """SIGSTOP one of 2 workers mid-training; the step watchdog fences it. Latency =
+    the fenced worker's end (SIGKILL, seen in /proc) - the SIGSTOP; against the steady
+    step time (the outcome's step_seconds). Default floor, and a low one that
+    shows what the mechanism itself costs."""
+    import json
+    import threading
+
+    for floor in (3.0, 0.5):
+        rows = []
+        for i in range(reps):
+            name = f"hang-{floor}-{i}"
+            run_dir = tmp / name
+            stopped: list[tuple[int, float]] = []
+
+            def stop(run_dir: Path = run_dir, stopped: list[tuple[int, float]] = stopped
+                     ) -> None:
+                while True:
+                    try:
+                        status = json.loads((run_dir / "status.json").read_text())
+                        if status["step"] >= 20:
+                            pid = status["pids"]["w1"]
+                            os.kill(pid, signal.SIGSTOP)
+                            stopped.append((pid, time.time()))
+                            break
+                    except (OSError, ValueError, KeyError):
+                        pass
+                    time.sleep(0.002)
+                while True:  # until the watchdog has fenced it (SIGKILL)
+                    try:
+                        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+                    except OSError:
+                        state = "X"
+                    if state in "ZX":
+                        stopped.append((pid, time.time()))
+                        return
+                    time.sleep(0.002)
+
+            threading.Thread(target=stop, daemon=True).start()
+            cfg = LaunchConfig(script=EXAMPLE, args=[*MLP, "--steps", "80"], workers=2,
+                               spares=1, job_id=name, runs_root=str(tmp), nvml=False,
+                               progress_interval_s=5, env=ENV, hang_floor_s=floor)
+            sink = JsonlFileSink(tmp / f"{name}.jsonl")
+            result = launch(cfg, sink)
+            for pid, _ in stopped[:1]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            assert result.exit_code == 0 and len(stopped) == 2, result
+            [out] = [r for r in sink.read_all() if r["kind"] == "outcome"]
+            assert [r["cause"] for r in sink.read_all() if r["kind"] == "failure"] == ["hang"]
+            lat = stopped[1][1] - stopped[0][1]
+            rows.append((lat, out["step_seconds"], out["recovery_seconds"]))
+        lat = statistics.median(r[0] for r in rows)
+        step = statistics.median(r[1] for r in rows)
+        rec = statistics.median(r[2] for r in rows)
+        print(f"[hang] floor {floor} s: detection {lat:.3f} s (median of {reps}; "
+              f"{', '.join(f'{r[0]:.3f}' for r in rows)}), steady step {step * 1000:.1f} ms, "
+              f"ratio {lat / step:.1f} (goal <= 5); recovery_seconds after the fence "
+              f"{rec:.3f} s")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--probe-gloo":
         r, port, n, tries = (int(a) for a in sys.argv[2:6])
@@ -415,7 +480,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--section", default="all",
-                    choices=["all", "throughput", "recovery", "torchft", "jct"])
+                    choices=["all", "throughput", "recovery", "torchft", "jct", "hang"])
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     os.environ.update(ENV)
@@ -430,6 +495,8 @@ def main() -> None:
             torchft_peer(tmp, a.reps)
         if a.section in ("all", "jct"):
             jct(tmp, a.reps)
+        if a.section in ("all", "hang"):
+            hang(tmp, a.reps)
 
 
 if __name__ == "__main__":

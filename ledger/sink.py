@@ -62,6 +62,13 @@ class LedgerSink:
             session.close()
         self.delivered += result.appended
 
+    def is_permanent(self, exc: BaseException) -> bool:
+        """True when ``exc`` (raised by :meth:`deliver`) is a refusal: the ledger will
+        never accept that content, so the runtime's outbox dead-letters the record
+        instead of retrying it. Anything else (connection lost, database down) is an
+        outage that the outbox retries."""
+        return isinstance(exc, IngestRefused)
+
     def close(self) -> None:
         """Release the engine's connections."""
         if self._engine is not None:

@@ -6,6 +6,8 @@ thread, and publishes each durable checkpoint to the supervisor under ``ckpt``.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,34 @@ class Checkpointer:
     def load(path: str) -> Any:
         """Read a checkpoint (CheckpointError if unreadable)."""
         return read_checkpoint(Path(path))
+
+
+_COMMITTED_FMT = "{step:020d} {t:020.6f}\n"
+
+
+class CommittedStep:
+    """The last committed step and when it was committed, in ``RUN_DIR/committed``.
+
+    Rank 0 rewrites it after every commit, in place with one ``pwrite`` of a fixed-width
+    line (no fsync: ~10 us per step). It survives any process death, the supervisor's
+    included -- the page cache outlives the process -- so a resumed supervisor knows the
+    true committed step and when progress stopped (for the lost steps and the recovery
+    time it records). Only a crash of the machine itself can lose the latest write.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write(self, step: int) -> None:
+        """Note that ``step`` steps are committed, now."""
+        os.pwrite(self._fd, _COMMITTED_FMT.format(step=step, t=time.time()).encode(), 0)
+
+
+def read_committed(path: Path) -> tuple[int, float] | None:
+    """Return (step, epoch seconds) from a :class:`CommittedStep` file, or None."""
+    try:
+        step, t = path.read_text().split()
+        return int(step), float(t)
+    except (OSError, ValueError):
+        return None

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import DrainError
+from runtime.errors import DrainError, NoSpareError
 
 
 def default_runs_root() -> Path:
@@ -89,5 +89,11 @@ def drain(job_id: str, worker: str, *, runs_root: Path | None = None,
     elif worker not in members:
         raise DrainError(f"job {job_id} has no active worker {worker!r}; active: "
                          f"{', '.join(members)}")
+    if not status.get("spares") and not status.get("spares_configured", 1):
+        # Nothing will ever take the worker's place: accepting the request would let the
+        # operator take the node down, turning a planned move into an unplanned failure.
+        raise NoSpareError(f"job {job_id} has no spare to move {name} onto (it runs with "
+                           "--spares 0): the drain is refused and nothing was moved; "
+                           "taking the node down now fails the worker (a rollback)")
     file_drain_request(run_dir / "control", name, reason=reason)
     return name

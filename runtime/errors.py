@@ -23,6 +23,16 @@ class RecordError(YocoRuntimeError, ValueError):
 class SinkError(YocoRuntimeError):
     """A sink could not durably acknowledge a batch of records; the batch must be retried."""
 
+    #: True when retrying cannot succeed (the sink refuses the content, not an outage).
+    permanent = False
+
+
+class RecordRefused(SinkError):
+    """The sink refuses a record for good (its content, not an outage): retrying the same
+    record can never succeed, so the outbox moves it to the dead-letter file."""
+
+    permanent = True
+
 
 class OutboxError(YocoRuntimeError):
     """The local durable outbox could not be written or read."""
@@ -62,3 +72,7 @@ class JobFailedError(YocoRuntimeError):
 
 class DrainError(YocoRuntimeError):
     """A drain request names no running job or no worker of that job."""
+
+
+class NoSpareError(DrainError):
+    """A drain cannot be served: the job has no spare to move the worker onto."""

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from runtime import protocol as P
-from runtime.checkpointing import Checkpointer
+from runtime.checkpointing import Checkpointer, CommittedStep
 from runtime.errors import CheckpointError, CollectiveError, ConfigError, GenerationChanged
 from runtime.faults import FaultInjector, decode_faults
 from runtime.membership import Membership
@@ -88,12 +88,13 @@ class Job:
                  config: JobConfig | None = None) -> None:
         cfg = config or JobConfig()
         every = int(os.environ.get(P.ENV_CKPT_EVERY, cfg.checkpoint_every))
+        timeout = float(os.environ.get(P.ENV_COLLECTIVE_TIMEOUT, cfg.collective_timeout_s))
         ckpt_dir = os.environ.get(P.ENV_CKPT_DIR, cfg.checkpoint_dir)
         self.config = JobConfig(seed=cfg.seed, checkpoint_every=every,
                                 checkpoint_dir=ckpt_dir if every else cfg.checkpoint_dir,
                                 poll_interval_s=cfg.poll_interval_s,
                                 regroup_timeout_s=cfg.regroup_timeout_s,
-                                collective_timeout_s=cfg.collective_timeout_s,
+                                collective_timeout_s=timeout,
                                 state_buffers_per_param=cfg.state_buffers_per_param)
         self.model = model
         self.optimizer = optimizer
@@ -110,6 +111,7 @@ class Job:
         self._transfer: StateTransfer | None = None
         self._ckpt: Checkpointer | None = None
         self._faults: FaultInjector | None = None
+        self._committed: CommittedStep | None = None
         addr = os.environ.get(P.ENV_STORE)
         if addr:
             set_parent_death_signal()
@@ -128,6 +130,9 @@ class Job:
                 decode_faults(os.environ.get(P.ENV_FAULTS)), store=self._m.store,
                 slot=self.slot, signal_file=os.environ.get(P.ENV_SIGNAL_FILE),
                 control_dir=os.environ.get(P.ENV_CONTROL_DIR))
+            run_dir = os.environ.get(P.ENV_RUN_DIR)
+            if run_dir:
+                self._committed = CommittedStep(Path(run_dir) / P.COMMITTED_FILE)
             if self.config.checkpoint_every and self.config.checkpoint_dir:
                 self._ckpt = Checkpointer(every=self.config.checkpoint_every,
                                           directory=Path(self.config.checkpoint_dir),
@@ -264,6 +269,8 @@ class Job:
         self._step_times.append(seconds)
         if self.rank != 0:
             return
+        if self._committed is not None:
+            self._committed.write(self.step)
         window = self._step_times[-20:]
         self._m.mark(P.KEY_PROGRESS, json.dumps(
             {"step": self.step, "step_seconds": sum(window) / len(window), "t": time.time(),

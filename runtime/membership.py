@@ -98,9 +98,20 @@ class Membership:
         self.regroup_timeout_s = regroup_timeout_s
         self.collective_timeout_s = collective_timeout_s
         self.gen = -1
+        self._last_beat = 0.0
         self.pg: Any = None
         self.cpu_pg: Any = None
         self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
+
+    # ----------------------------------------------------------------- heartbeat
+    def beat(self, waiting_since: float) -> None:
+        """Write the heartbeat if this process has waited longer than the beat interval
+        (and has not beaten within it): see :func:`runtime.protocol.beat_key`."""
+        now = time.monotonic()
+        if now - waiting_since < P.BEAT_INTERVAL_S or now - self._last_beat < P.BEAT_INTERVAL_S:
+            return
+        self._last_beat = now
+        self.store.set(P.beat_key(self.slot), f"{self.gen} {self._current_step()} {time.time()}")
 
     # ----------------------------------------------------------------- generations
     def latest_gen(self) -> int:
@@ -174,8 +185,10 @@ class Membership:
         thread.start()
         deadline = time.monotonic() + self.regroup_timeout_s
         self.gen = gen  # so that check_generation compares against the new generation
+        since = time.monotonic()
         while thread.is_alive():
             thread.join(self.poll_interval_s * 2)
+            self.beat(since)
             latest = self.latest_gen()
             if latest > gen:
                 raise GenerationChanged(latest)
@@ -210,8 +223,10 @@ class Membership:
                 done.set()
 
             threading.Thread(target=blocker, name="yoco-wait", daemon=True).start()
+        since = time.monotonic()
         while not done.wait(self.poll_interval_s):
             self.check_generation()
+            self.beat(since)
         try:
             if error:
                 raise error[0]
@@ -222,8 +237,10 @@ class Membership:
 
     def wait_event(self, event: threading.Event) -> None:
         """Wait for ``event``, raising GenerationChanged if the membership changes."""
+        since = time.monotonic()
         while not event.wait(self.poll_interval_s):
             self.check_generation()
+            self.beat(since)
 
     def collective_failed(self, phase: P.Phase, exc: BaseException) -> None:
         """Report the failure to the supervisor and wait for the next generation."""
@@ -231,10 +248,12 @@ class Membership:
                                error=str(exc)[:500])
         self.store.set(P.fault_key(self.slot), report.encode())
         self.store.add(P.KEY_FAULTS, 1)
+        since = time.monotonic()
         while True:
             latest = self.latest_gen()
             if latest > self.gen:
                 raise GenerationChanged(latest)
+            self.beat(since)  # alive, waiting: not the rank to fence
             time.sleep(self.poll_interval_s * 5)
 
     def mark(self, key: str, value: str) -> None:

@@ -23,6 +23,10 @@ ENV_CKPT_DIR = "YOCO_CHECKPOINT_DIR"
 ENV_SIGNAL_FILE = "YOCO_SIGNAL_FILE"
 ENV_CONTROL_DIR = "YOCO_CONTROL_DIR"
 ENV_DEVICE = "YOCO_DEVICE"  # "cpu" or "cuda:N"
+ENV_COLLECTIVE_TIMEOUT = "YOCO_COLLECTIVE_TIMEOUT"  # seconds; overrides JobConfig's
+
+#: File in RUN_DIR where rank 0 notes every committed step (see checkpointing.CommittedStep).
+COMMITTED_FILE = "committed"
 
 KEY_GEN = "gen"
 KEY_PROGRESS = "progress"  # JSON {step, step_seconds, t, gen} from rank 0 after each commit
@@ -51,6 +55,19 @@ def skeleton_key(gen: int, src: int) -> str:
 def fault_key(slot: str) -> str:
     """Key of the latest fault report of worker ``slot``."""
     return f"fault/{slot}"
+
+
+def beat_key(slot: str) -> str:
+    """Key of worker ``slot``'s heartbeat: ``"GEN STEP TIME"``, written only while it
+    waits (for a collective, a transfer, a group, the next generation) longer than
+    :data:`BEAT_INTERVAL_S`, so steady training costs no store traffic. A rank that is
+    stuck (stopped, hung in a kernel) stops beating while its peers, waiting for it,
+    keep beating: that is how the supervisor tells which rank to fence."""
+    return f"beat/{slot}"
+
+
+#: How often a waiting worker writes its heartbeat.
+BEAT_INTERVAL_S = 0.2
 
 
 def left_key(slot: str) -> str:

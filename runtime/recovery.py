@@ -79,6 +79,7 @@ class Move:
     failure_class: FailureClass
     cause: str
     detail: str
+    since: float | None = None  # when the failure began (a hang: progress stopped)
     detected: float
 
 
@@ -88,6 +89,7 @@ class Fence:
 
     cause: str
     detail: str
+    since: float | None = None  # when the failure began (a hang: progress stopped)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

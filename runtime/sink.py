@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from runtime.errors import SinkError, SinkSpecError
+from runtime.errors import RecordRefused, SinkSpecError
 
 
 @runtime_checkable
@@ -28,6 +28,14 @@ class RecordSink(Protocol):
     raises on any failure (the caller retries the whole batch). It must be idempotent:
     delivering a record whose ``event_id`` is already stored is a no-op, because the
     outbox delivers at least once and relies on the sink for "exactly once".
+
+    Two kinds of failure: an *outage* (the sink is down, slow or unreachable; retried
+    with backoff, forever) and a *permanent refusal* (the sink will never accept this
+    content; the record goes to the dead-letter file and later records keep flowing).
+    A refusal is an exception whose ``permanent`` attribute is true (such as
+    :class:`~runtime.errors.RecordRefused`), or one for which the sink's optional
+    ``is_permanent(exc)`` method answers True (the ledger's sink uses it, so that the
+    ledger need not import the runtime). See :func:`is_permanent_refusal`.
     """
 
     def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -39,8 +47,8 @@ class JsonlFileSink:
     """Appends records to a JSONL file with fsync, storing each ``event_id`` once.
 
     For tests and demos. A record whose ``event_id`` is already in the file is skipped if
-    its content is identical and refused (:class:`SinkError`) if it differs, like the
-    ledger does.
+    its content is identical and refused (:class:`RecordRefused`, permanent) if it
+    differs, like the ledger does.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -76,8 +84,8 @@ class JsonlFileSink:
                     fresh.append(canon)
                     self._seen[str(rec["event_id"])] = canon
                 elif prior != canon:
-                    raise SinkError(f"event_id {rec['event_id']} already stored with other "
-                                    "content")
+                    raise RecordRefused(f"event_id {rec['event_id']} already stored with "
+                                        "other content")
             if not fresh:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +105,20 @@ class JsonlFileSink:
                 if line.strip():
                     out.append(json.loads(line))
         return out
+
+
+def is_permanent_refusal(sink: object, exc: BaseException) -> bool:
+    """True when ``exc``, raised by ``sink.deliver``, is a permanent refusal (see
+    :class:`RecordSink`); anything else is an outage to retry."""
+    if getattr(exc, "permanent", False) is True:
+        return True
+    hook = getattr(sink, "is_permanent", None)
+    if callable(hook):
+        try:
+            return bool(hook(exc))
+        except Exception:  # a broken hook must not turn an outage into a refusal
+            return False
+    return False
 
 
 def _canon(rec: Mapping[str, Any]) -> str:

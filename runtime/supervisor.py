@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,10 +29,11 @@ import torch.distributed as dist
 
 from runtime import protocol as P
 from runtime import records as R
+from runtime.checkpointing import read_committed
 from runtime.control import default_runs_root, take_requests, write_status
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
-from runtime.outbox import Deliverer, DeliveryConfig, Outbox
+from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
 from runtime.processes import WorkerPool, process_exiting
 from runtime.recovery import (
     FailureClass,
@@ -53,6 +55,7 @@ from runtime.telemetry import (
     Signal,
     TelemetrySource,
     WarningPolicy,
+    normalise_cause,
 )
 
 __all__ = ["Incident", "JobResult", "LaunchConfig", "Supervisor", "launch", "process_exiting"]
@@ -85,6 +88,14 @@ class LaunchConfig:
     # each store request costs both ends CPU that a state transfer needs on a small box.
     store_poll_interval_s: float = 0.02
     fault_grace_s: float = 0.5
+    # Step watchdog: a job whose committed step has not advanced for
+    # max(hang_floor_s, hang_factor x steady step time) is hung; the ranks that stopped
+    # beating while their peers wait for them are fenced (cause ``hang``). The floor keeps
+    # a loaded machine's hiccups (seconds on 2 busy cores) from fencing a healthy rank.
+    hang_floor_s: float = 3.0
+    hang_factor: float = 10.0
+    # The workers' collective timeout (JobConfig.collective_timeout_s when None).
+    collective_timeout_s: float | None = None
     max_recoveries: int = 64
     replenish_spares: bool = True
     # Replacement spares (and cold replacements in a rollback) are forked from a process
@@ -96,6 +107,9 @@ class LaunchConfig:
     env: dict[str, str] = field(default_factory=dict)
     finish_timeout_s: float = 120.0
     deliver_timeout_s: float = 30.0
+    # Disk held for the outbox from the start (released when the disk fills up, so that
+    # records keep being written); a job whose outbox cannot get it does not start.
+    outbox_reserve_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -111,16 +125,30 @@ class LaunchConfig:
         if not Path(self.script).is_file():
             raise ConfigError(f"script {self.script!r} does not exist")
         for name in ("progress_interval_s", "telemetry_interval_s", "fault_grace_s",
+                     "hang_floor_s", "hang_factor",
                      "finish_timeout_s", "deliver_timeout_s", "store_poll_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
+            raise ConfigError("collective_timeout_s must be > 0")
+        if self.outbox_reserve_bytes < 0:
+            raise ConfigError("outbox_reserve_bytes must be >= 0")
         if self.max_recoveries < 1:
             raise ConfigError("max_recoveries must be >= 1")
 
 
+#: Deaths this close to an unplanned failure still recovering are the same incident (a
+#: node or the whole job going down is seen one process at a time).
+MERGE_WINDOW_S = 1.0
+
+#: ``yoco run``'s exit status when the job finished but records are not all delivered.
+EXIT_UNDELIVERED = 3
+
+
 @dataclass(kw_only=True, slots=True)
 class JobResult:
-    """What a finished :meth:`Supervisor.run` returns."""
+    """What a finished :meth:`Supervisor.run` returns (delivery fields: after
+    :func:`launch` has tried to deliver the outbox)."""
 
     job_id: str
     run_dir: Path
@@ -128,6 +156,29 @@ class JobResult:
     final_step: int
     recoveries: list[dict[str, Any]]
     delivered: bool
+    #: Records still waiting for the sink (an outage): ``{"event_id", "kind"}``.
+    pending: list[dict[str, str]] = field(default_factory=list)
+    #: Records the sink refused for good: ``{"event_id", "kind", "reason"}``.
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+    #: The latest outage the outbox saw (why ``pending`` is not empty).
+    sink_error: str | None = None
+    #: Why the outbox's disk could not take every record (full, read-only), if so.
+    outbox_error: str | None = None
+    #: Where records that neither the disk nor the sink took were saved instead.
+    rescued: Path | None = None
+
+    def delivery_report(self) -> list[str]:
+        """One line per undelivered record, saying which and why (empty: all delivered)."""
+        lines = [f"refused by the sink (dead letter): {d['kind']} {d['event_id']}: "
+                 f"{d['reason']}" for d in self.dead_letters]
+        why = self.sink_error or "the sink did not acknowledge it in time"
+        lines += [f"pending (sink unreachable: {why}): {p['kind']} {p['event_id']}"
+                  for p in self.pending]
+        if self.outbox_error:
+            lines.append(f"the outbox could not be written ({self.outbox_error})"
+                         + (f": records not yet delivered saved in {self.rescued}"
+                            if self.rescued else ": every record was delivered"))
+        return lines
 
 
 class Supervisor:
@@ -141,7 +192,7 @@ class Supervisor:
         self.ckpt_dir = Path(config.checkpoint_dir or self.run_dir / "checkpoints")
         self.signal_file = Path(config.signal_file or self.run_dir / "signals.jsonl")
         self.control_dir = self.run_dir / "control"
-        self.outbox = Outbox(self.run_dir / "outbox")
+        self.outbox = Outbox(self.run_dir / "outbox", reserve_bytes=config.outbox_reserve_bytes)
         if sink is None:
             sink = (config.sink.build() if config.sink is not None
                     else JsonlFileSink(self.run_dir / "records.jsonl"))
@@ -168,6 +219,7 @@ class Supervisor:
         self.first_fault: ReportedFault | None = None
         self.killed_at: float | None = None  # when an injected kill fired (benchmarks)
         self.moves: list[Move] = []
+        self._move_warned: set[str] = set()
         # Progress as rank 0 reports it.
         self.last_step = 0
         self.step_seconds = 0.0
@@ -176,6 +228,10 @@ class Supervisor:
         self._last_status = 0.0
         self._last_telemetry = 0.0
         self._last_store_poll = 0.0
+        # Step watchdog: when the committed step last advanced (or a generation became
+        # ready); None: not armed (before the first step, during a recovery).
+        self._advanced_at: float | None = None
+        self._progress_seen: tuple[int, int] = (-1, -1)  # (gen, step) of the last progress
         self.sources: list[TelemetrySource] = [FileSignalSource(self.signal_file)]
         if config.signal_command:
             self.sources.append(CommandSignalSource(config.signal_command))
@@ -207,6 +263,8 @@ class Supervisor:
                P.ENV_CKPT_DIR: str(self.ckpt_dir),
                P.ENV_SIGNAL_FILE: str(self.signal_file),
                P.ENV_CONTROL_DIR: str(self.control_dir)}
+        if self.cfg.collective_timeout_s is not None:
+            env[P.ENV_COLLECTIVE_TIMEOUT] = str(self.cfg.collective_timeout_s)
         if self.ngpu:
             self.gpu_of[slot] = self.pool.started % self.ngpu
             env[P.ENV_DEVICE] = f"cuda:{self.gpu_of[slot]}"
@@ -241,7 +299,12 @@ class Supervisor:
         write_status(self.run_dir, {
             "job_id": self.job_id, "state": state.value, "pid": os.getpid(), "gen": self.gen,
             "members": self.members, "spares": self.spares, "step": self.last_step,
-            "contract_id": self.cfg.contract_id})
+            "contract_id": self.cfg.contract_id, "spares_configured": self.cfg.spares,
+            "moves_pending": [{"worker": mv.slot, "class": mv.failure_class.value,
+                               "cause": mv.cause, "since": mv.detected}
+                              for mv in self.moves],
+            "pids": {s: self.pool.procs[s].pid for s in [*self.members, *self.spares]
+                     if s in self.pool.procs}})
 
     # ----------------------------------------------------------------- main loop
     def run(self) -> JobResult:
@@ -251,9 +314,15 @@ class Supervisor:
         Exit code 0: the job finished; 1: it failed (outcome ``failed``).
         """
         self.deliverer.start()
-        prior = [r for r in self._outbox_history() if r.get("job_id") == self.job_id]
-        resume_ckpt = latest_checkpoint(self.ckpt_dir) if self.cfg.resume else None
-        if not any(r["kind"] == "job_started" for r in prior):
+        prior = [r for r in self._outbox_history() if r.get("job_id") == self.job_id
+                 or r["kind"] == "outcome"]
+        started = any(r["kind"] == "job_started" for r in prior)
+        if self.cfg.resume and any(r["kind"] == "job_finished" for r in prior):
+            return self._finished_already(prior)
+        # Read before any worker starts: the new rank 0 overwrites it.
+        committed = read_committed(self.run_dir / P.COMMITTED_FILE) if self.cfg.resume \
+            else None
+        if not started:
             self._emit(R.job_started(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                      gpus=self.cfg.workers))
         members = [self._spawn() for _ in range(self.cfg.workers)]
@@ -261,23 +330,88 @@ class Supervisor:
         if self.cfg.fork_spares:
             self.pool.start_zygote({**os.environ, **self.cfg.env})
         self.holders = set(members)
-        if resume_ckpt is not None:
-            # The previous supervisor died: its workers died with it, so this is a rollback.
-            ck_step, ck_path = resume_ckpt
-            last = max([int(r.get("step", 0)) for r in prior] + [ck_step])
-            inc = self._open_incident(FailureClass.UNPLANNED, "supervisor_lost", [], last,
-                                      "supervisor restarted; job resumes from checkpoint")
-            self.last_step = last
-            self.recovery = Recovery(incidents=[inc], gen=0, outcome=Outcome.ROLLED_BACK,
-                                     lost_steps=last - ck_step)
-            self._publish(P.Plan(gen=0, mode=P.PlanMode.RESUME, members=members,
-                                 ckpt=str(ck_path), ckpt_step=ck_step))
+        if self.cfg.resume and started:
+            self._resume(prior, committed, members)
         else:
             self._publish(P.Plan(gen=0, mode=P.PlanMode.START, members=members))
         try:
             return self._loop()
+        except Exception as exc:
+            return self._crashed(exc)
         finally:
             self._shutdown()
+
+    def _crashed(self, exc: Exception) -> JobResult:
+        """The supervisor cannot go on (a bug, or something it cannot handle): stop the
+        workers at once -- unsupervised training would be unrecorded -- and record the
+        end truthfully: the open failures (or this one) failed, the job finished."""
+        log.exception("supervisor stopped by an error: %s; stopping the workers now", exc)
+        for p in self.pool.procs.values():
+            with contextlib.suppress(OSError):
+                p.kill()
+        with contextlib.suppress(Exception):
+            self.store.set(P.KEY_SHUTDOWN, "1")
+        if self.state != JobState.FAILED:
+            if not self.recovery.active:
+                self.recovery.incidents.append(self._open_incident(
+                    FailureClass.UNPLANNED, "supervisor_error", [], self.last_step,
+                    f"supervisor error: {type(exc).__name__}: {exc}"[:500]))
+            self._fail(f"supervisor error: {exc}")
+        return self._result(1)
+
+    def _resume(self, prior: list[dict[str, Any]], committed: tuple[int, float] | None,
+                members: list[str]) -> None:
+        """Plan generation 0 after the previous supervisor died (its workers died with
+        it): record the loss with the true lost steps (the last committed step, from
+        RUN_DIR/committed, minus the checkpoint's step; all of them without a checkpoint)
+        and the time since progress stopped, and close every failure it left open."""
+        ck = latest_checkpoint(self.ckpt_dir)
+        ck_step = ck[0] if ck is not None else 0
+        # The last committed step: rank 0's note (after a rollback it is below steps that
+        # older records carry); without it, the highest step a record or checkpoint shows.
+        steps = [int(r["step"]) for r in prior if isinstance(r.get("step"), int)]
+        last = max(committed[0], ck_step) if committed else max([*steps, ck_step])
+        # Progress stopped at the last commit (else at the last record it wrote).
+        times = [datetime.fromisoformat(r["occurred_at"]).timestamp() for r in prior]
+        stopped = committed[1] if committed else max(times, default=time.time())
+        outcomes = {r["failure_event_id"] for r in prior if r["kind"] == "outcome"}
+        open_failures = [
+            Incident(event_id=r["event_id"], failure_class=FailureClass(r["failure_class"]),
+                     cause=r["cause"], slots=[],
+                     detected=datetime.fromisoformat(r["occurred_at"]).timestamp(),
+                     step=int(r.get("step", last)))
+            for r in prior if r["kind"] == "failure" and r["event_id"] not in outcomes]
+        how = (f"resumes from the checkpoint of step {ck_step}" if ck is not None
+               else "retrains from step 0: no checkpoint")
+        inc = self._open_incident(
+            FailureClass.UNPLANNED, "supervisor_lost", [], last,
+            f"supervisor lost at step {last}; restarted, the job {how}"
+            + (f"; {len(open_failures)} open failure(s) closed by this rollback"
+               if open_failures else ""), detected=stopped)
+        for f in open_failures:
+            log.warning("failure %s (%s) was left without an outcome by the lost "
+                        "supervisor: it gets this rollback's outcome", f.event_id, f.cause)
+        self.last_step = last
+        self.recovery = Recovery(incidents=[*open_failures, inc], gen=0,
+                                 outcome=Outcome.ROLLED_BACK, lost_steps=last - ck_step)
+        if ck is not None:
+            self._publish(P.Plan(gen=0, mode=P.PlanMode.RESUME, members=members,
+                                 ckpt=str(ck[1]), ckpt_step=ck_step))
+        else:
+            self._publish(P.Plan(gen=0, mode=P.PlanMode.START, members=members))
+
+    def _finished_already(self, prior: list[dict[str, Any]]) -> JobResult:
+        """``--resume`` of a job whose end is recorded: start nothing, only deliver."""
+        end = [r for r in prior if r["kind"] == "job_finished"][-1]
+        failed = any(r["kind"] == "outcome" and r["outcome"] == Outcome.FAILED.value
+                     for r in prior)
+        log.info("job %s already ended at step %d: nothing to run, delivering the %d "
+                 "record(s) still pending", self.job_id, end["step"],
+                 self.outbox.pending_count())
+        self.last_step = int(end["step"])
+        return JobResult(job_id=self.job_id, run_dir=self.run_dir,
+                         exit_code=1 if failed else 0, final_step=self.last_step,
+                         recoveries=[], delivered=False)
 
     def _loop(self) -> JobResult:
         while True:
@@ -297,13 +431,14 @@ class Supervisor:
                 self._handle_telemetry()
                 self._handle_drains()
             self._handle_moves()
+            self._handle_watchdog(now)
             self._handle_progress()
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
             if now - self._last_status > 1.0:
                 self._write_status(JobState.RUNNING)
-            if not self.recovery.active:
-                self._replenish()
+            # Also while a recovery is pending: a second death during it needs a spare.
+            self._replenish()
             time.sleep(0.005)
 
     # ----------------------------------------------------------------- failures
@@ -353,7 +488,10 @@ class Supervisor:
         dead = self._dead_members()
         if not dead:
             return
-        detected = time.time()
+        # A hang began when progress stopped, not when it was fenced: the stall counts
+        # in the recovery time.
+        detected = min([time.time()] + [f.since for s, _ in dead
+                                         if (f := self.fenced.get(s)) and f.since])
         self._handle_progress()  # the step reached, as of now
         # No settle window: deaths of the same incident seen later (a node or the whole job
         # going down, one process at a time) are merged into it and planned again.
@@ -365,7 +503,7 @@ class Supervisor:
         pending = self.recovery.incidents
         last = pending[-1] if pending else None
         if last is not None and last.failure_class == FailureClass.UNPLANNED \
-                and detected - last.detected < 1.0:
+                and detected - last.detected < MERGE_WINDOW_S:
             pending.pop()
             last.slots += slots
             self._recover(last, [s for s in slots if s in self.members])
@@ -381,6 +519,12 @@ class Supervisor:
         """Write the failure records of deaths already acted on, once their exit status
         is known (``block``: wait for it, as an outcome must follow its failure)."""
         for inc in list(self.unemitted):
+            if not block and time.time() - inc.detected < MERGE_WINDOW_S \
+                    and inc in self.recovery.incidents:
+                # A death seen within the merge window joins this incident: its failure
+                # record (its detail names every dead worker) waits until the window
+                # closes or the outcome is due.
+                continue
             rcs: list[tuple[str, int | None]] = []
             for slot in inc.slots:
                 p = self.pool.procs[slot]
@@ -438,6 +582,15 @@ class Supervisor:
         # simply forms when it arrives, and no step is lost.
         ready = self._ready_spares()
         ready += [s for s in self.spares if self._alive(s) and s not in ready]
+        if holders and self.cfg.spares and self.cfg.replenish_spares:
+            # A death during a recovery (the spare just called in, or another member)
+            # finds the spares already used: start replacements now (forked from the
+            # zygote: ~0.1 s) rather than roll back while a replica holds the state.
+            while len(ready) < len(dead):
+                extra = self._spawn()
+                log.warning("no spare left for %s: started %s", ", ".join(dead), extra)
+                self.spares.append(extra)
+                ready.append(extra)
         if holders and len(ready) >= len(dead):
             replace = dict(zip(dead, ready, strict=False))
             members = [replace.get(m, m) for m in self.members]
@@ -518,11 +671,68 @@ class Supervisor:
         if self.first_fault is not None:
             ff = self.first_fault
             if time.time() - ff.at >= self.cfg.fault_grace_s and self._alive(ff.slot):
-                # No process died: the reporter's own collective failed. Fence it (kill)
-                # and let the death path replace it.
+                self.first_fault = None
+                # No process died. A collective that timed out was maybe waiting for a
+                # peer that is stuck: the reporter keeps beating while it waits for the
+                # next generation, a stuck peer does not. Fence the stuck peers if there
+                # are any, else the reporter (its own collective failed).
+                stuck = [s for s in self._silent_members(self.cfg.fault_grace_s)
+                         if s != ff.slot]
+                if stuck:
+                    self._fence_hung(stuck, f"{ff.slot} reported: {ff.error}")
+                    return
                 self.fenced[ff.slot] = Fence(cause="collective_error", detail=ff.error)
                 self.pool.kill(ff.slot)
-                self.first_fault = None
+
+    def hang_deadline(self) -> float:
+        """Seconds without a committed step after which the job counts as hung."""
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * self.step_seconds)
+
+    def _silent_members(self, quiet_s: float) -> list[str]:
+        """Live, started members (their model built) that have written no heartbeat in
+        the last ``quiet_s`` seconds (a waiting worker beats every BEAT_INTERVAL_S; see
+        protocol.beat_key)."""
+        now = time.time()
+        silent = []
+        for slot in self.members:
+            if not self._alive(slot) or not self.store.check([P.waiting_key(slot)]):
+                continue  # dead (the death path acts), or still starting: not stuck
+            beat = 0.0
+            if self.store.check([P.beat_key(slot)]):
+                beat = float(self.store.get(P.beat_key(slot)).split()[2])
+            if now - beat > quiet_s:
+                silent.append(slot)
+        return silent
+
+    def _handle_watchdog(self, now: float) -> None:
+        if self._advanced_at is None or self.recovery.active:
+            return
+        stalled = now - self._advanced_at
+        deadline = self.hang_deadline()
+        if stalled < deadline:
+            return
+        # Peers waiting for a stuck rank beat every BEAT_INTERVAL_S; the stuck one has
+        # been silent for about as long as the step has stalled.
+        silent = self._silent_members(min(deadline / 2, 1.0))
+        if silent and len(silent) < len(self.members):
+            self._fence_hung(silent, f"no committed step for {stalled:.1f} s (deadline "
+                                     f"{deadline:.1f} s); its peers were waiting for it")
+            return
+        log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which rank "
+                    "is stuck; waiting", self.last_step, stalled,
+                    "every member is silent" if silent else "every member is waiting")
+        self._advanced_at = now  # warn again after another deadline
+
+    def _fence_hung(self, slots: list[str], why: str) -> None:
+        """Kill ``slots`` (stuck: not making progress, not reporting) so that the death
+        path replaces them; their failure is recorded with cause ``hang``."""
+        for slot in slots:
+            log.error("%s is hung at step %d (%s): fencing it (SIGKILL)", slot,
+                      self.last_step, why)
+            self.fenced[slot] = Fence(cause="hang", detail=f"{slot} hung at step "
+                                      f"{self.last_step}: {why}", since=self._advanced_at)
+            self.pool.kill(slot)
+        self._advanced_at = None
 
     def _handle_ready(self) -> None:
         rec = self.recovery
@@ -546,6 +756,7 @@ class Supervisor:
                 "killed_at": self.killed_at, **timing})
         self.recovery = Recovery()
         self.holders = set(self.members)
+        self._advanced_at = time.time()
 
     # ----------------------------------------------------------------- moves
     def _handle_telemetry(self) -> None:
@@ -558,15 +769,42 @@ class Supervisor:
         readings = [i for i in items if isinstance(i, Reading)]
         signals = [i for i in items if isinstance(i, Signal)] + self.policy.evaluate(readings)
         for sig in signals:
-            slot = sig.worker
-            if slot is None and sig.gpu is not None:
-                slot = next((m for m in self.members if self.gpu_of.get(m) == sig.gpu), None)
-            if slot is None or slot not in self.members:
-                continue
-            if any(mv.slot == slot for mv in self.moves) or slot in self.moving:
-                continue
-            self.moves.append(Move(slot=slot, failure_class=FailureClass.PREEMPTIVE,
-                                   cause=sig.cause, detail=sig.detail, detected=time.time()))
+            mv = self._admit_signal(sig)
+            if mv is not None:
+                self.moves.append(mv)
+
+    def _admit_signal(self, sig: Signal) -> Move | None:
+        """Check a telemetry signal at the door: the worker it names must be a member,
+        its cause is normalised to the ledger's form, and the failure record it would
+        become must pass the record rules now (an empty detail gets a default). Returns
+        the move to make, or None (with a log line) -- never raises."""
+        slot = sig.worker
+        if slot is None and sig.gpu is not None:
+            slot = next((m for m in self.members if self.gpu_of.get(m) == sig.gpu), None)
+            if slot is None:
+                return None  # a GPU this job does not use
+        if slot is None or slot not in self.members:
+            log.warning("telemetry signal %r for %s ignored: not a member of this job "
+                        "(members: %s)", sig.cause, slot or "no worker",
+                        ", ".join(self.members))
+            return None
+        if any(mv.slot == slot for mv in self.moves) or slot in self.moving:
+            return None
+        cause = normalise_cause(sig.cause)
+        if cause != sig.cause:
+            log.warning("telemetry signal cause %r normalised to %r", sig.cause, cause)
+        detail = sig.detail.strip()[:500] or f"telemetry signal {cause or sig.cause!r} on {slot}"
+        try:
+            R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
+                      failure_class=FailureClass.PREEMPTIVE.value, cause=cause,
+                      node=self.node, gpu=self.gpu_of.get(slot), step=self.last_step,
+                      detail=detail)
+        except RecordError as exc:
+            log.warning("telemetry signal refused (the ledger would refuse its record): "
+                        "%s; signal %r", exc, sig)
+            return None
+        return Move(slot=slot, failure_class=FailureClass.PREEMPTIVE, cause=cause,
+                    detail=detail, detected=time.time())
 
     def _handle_drains(self) -> None:
         for req in take_requests(self.control_dir):
@@ -580,7 +818,8 @@ class Supervisor:
                 log.warning("drain request for unknown or moving worker %s ignored", slot)
                 continue
             self.moves.append(Move(slot=slot, failure_class=FailureClass.PLANNED,
-                                   cause="maintenance", detail=str(req.get("reason", "drain")),
+                                   cause="maintenance",
+                                   detail=str(req.get("reason") or "").strip() or "drain",
                                    detected=time.time()))
 
     def _handle_moves(self) -> None:
@@ -588,8 +827,12 @@ class Supervisor:
             return  # one membership change at a time; a move waits for the recovery
         ready = self._ready_spares()
         if not ready:
-            if not self.spares and not self.cfg.replenish_spares:
-                log.warning("cannot move off %s: no spare", self.moves[0].slot)
+            mv = self.moves[0]
+            if not self.spares and (self.cfg.spares == 0 or not self.cfg.replenish_spares) \
+                    and mv.slot not in self._move_warned:
+                self._move_warned.add(mv.slot)
+                log.warning("%s move off %s queued: the job has no spare (status.json "
+                            "lists it under moves_pending)", mv.failure_class, mv.slot)
             return
         mv = self.moves.pop(0)
         if mv.slot not in self.members:
@@ -615,9 +858,14 @@ class Supervisor:
         if not self.store.check([P.KEY_PROGRESS]):
             return
         prog = json.loads(self.store.get(P.KEY_PROGRESS))
+        now = time.time()
+        seen = (int(prog.get("gen", -1)), int(prog["step"]))
+        if seen != self._progress_seen:
+            self._progress_seen = seen
+            if seen[0] == self.gen and not self.recovery.active:
+                self._advanced_at = now  # the watchdog's clock restarts at each commit
         self.last_step = max(self.last_step, int(prog["step"]))
         self.step_seconds = float(prog["step_seconds"])
-        now = time.time()
         if now - self._last_progress_emit >= self.cfg.progress_interval_s \
                 and self.last_step != self._progress_step_emitted:
             self._last_progress_emit = now
@@ -674,4 +922,20 @@ def launch(config: LaunchConfig, sink: RecordSink | None = None) -> JobResult:
     sup = Supervisor(config, sink)
     result = sup.run()
     result.delivered = sup.deliver_and_stop()
+    result.pending = [{"event_id": r["event_id"], "kind": r["kind"]}
+                      for r in sup.outbox.pending(limit=1_000_000)]
+    result.dead_letters = [{"event_id": d.event_id, "kind": str(d.record.get("kind")),
+                            "reason": d.reason} for d in sup.outbox.dead_letters()]
+    result.delivered = not result.pending and not result.dead_letters
+    result.sink_error = sup.deliverer.last_error
+    if not sup.outbox.retry_disk():
+        result.outbox_error = sup.outbox.disk_error
+        try:
+            result.rescued = rescue_held_records(
+                sup.outbox, Path(tempfile.gettempdir()) / "yoco-rescued" / sup.job_id)
+        except OSError as exc:  # last resort: the records on stderr, one JSON per line
+            log.error("cannot rescue the records the outbox could not write (%s); here "
+                      "they are:", exc)
+            for rec in sup.outbox.held_records():
+                print(json.dumps(rec), file=sys.stderr)
     return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shlex
 import subprocess
 from collections.abc import Iterable
@@ -104,21 +105,49 @@ class WarningPolicy:
 
 
 def _parse_line(line: str) -> Reading | Signal | None:
+    """Parse one telemetry line; a malformed one is logged and skipped, never raised."""
     try:
-        data: dict[str, Any] = json.loads(line)
+        data = json.loads(line)
     except json.JSONDecodeError:
         log.warning("ignoring malformed telemetry line: %r", line[:200])
         return None
+    if not isinstance(data, dict):
+        log.warning("ignoring telemetry line that is not a JSON object: %r", line[:200])
+        return None
     gpu = data.get("gpu")
     worker = data.get("worker")
-    if "cause" in data:
-        return Signal(cause=str(data["cause"]), worker=worker, gpu=gpu,
-                      detail=str(data.get("detail", "")))
-    if "metric" in data:
-        return Reading(metric=str(data["metric"]), value=float(data["value"]), gpu=gpu,
-                       worker=worker, slowdown_c=data.get("slowdown_c"))
+    if (gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0)) \
+            or (worker is not None and not isinstance(worker, str)):
+        log.warning("ignoring telemetry line: 'gpu' must be an index >= 0 and 'worker' a "
+                    "worker name: %r", line[:200])
+        return None
+    try:
+        if "cause" in data:
+            detail = data.get("detail")
+            return Signal(cause=str(data["cause"]), worker=worker, gpu=gpu,
+                          detail="" if detail is None else str(detail))
+        if "metric" in data:
+            slowdown = data.get("slowdown_c")
+            return Reading(metric=str(data["metric"]), value=float(data["value"]), gpu=gpu,
+                           worker=worker,
+                           slowdown_c=None if slowdown is None else float(slowdown))
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("ignoring telemetry line (%s): %r", exc, line[:200])
+        return None
     log.warning("ignoring telemetry line without cause or metric: %r", line[:200])
     return None
+
+
+_NOT_CAUSE_CHARS = re.compile(r"[^a-z0-9_]+")
+
+
+def normalise_cause(cause: str) -> str:
+    """Return ``cause`` as the ledger writes causes: lower case, ``[a-z0-9_]``, starting
+    with a letter, at most 64 characters (``NVLink-Down`` -> ``nvlink_down``); "" when
+    nothing usable is left."""
+    text = _NOT_CAUSE_CHARS.sub("_", cause.strip().lower()).strip("_")
+    text = text.lstrip("0123456789_")
+    return text[:64].rstrip("_")
 
 
 class FileSignalSource:

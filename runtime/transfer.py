@@ -177,8 +177,10 @@ class StateTransfer:
 
     def _recv(self, gen: int, src: int) -> int:
         key = P.skeleton_key(gen, src)
+        since = time.monotonic()
         while not self.m.store.check([key]):
             self.m.check_generation()
+            self.m.beat(since)
             time.sleep(self.m.poll_interval_s)
         skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
         self.incomplete = True

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from runtime.sink import SinkSpec
+    from runtime.sink import RecordSink, SinkSpec
 
 # The runtime (and torch, ~3 s to import) is imported inside the commands, so that
 # every other ``yoco`` command starts without it.
@@ -101,11 +101,27 @@ def run(
         True, "--fork-spares/--cold-spares",
         help="Start replacement spares by forking a process that has already imported "
              "torch (ready in well under a second) or as new processes (3-10 s)."),
+    hang_floor: float = typer.Option(
+        3.0, "--hang-floor", min=0.1,
+        help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x steady step "
+             "time) seconds without a committed step while its peers wait for it; it is "
+             "then killed and replaced (cause hang). Raise it if one rank legitimately "
+             "does much more work in some steps (e.g. evaluation on rank 0)."),
+    hang_factor: float = typer.Option(10.0, "--hang-factor", min=1.0,
+                                      help="Step watchdog factor (see --hang-floor)."),
+    deliver_timeout: float = typer.Option(
+        30.0, "--deliver-timeout", min=0.1,
+        help="Seconds to wait at the end for the sink to acknowledge every record; what "
+             "is not delivered by then stays in the outbox (exit status 3)."),
     resume: bool = typer.Option(False, "--resume",
                                 help="Continue JOB_ID from its newest checkpoint after a "
                                      "supervisor crash, and deliver its pending records."),
 ) -> None:
     """Launch a fault-tolerant data-parallel training job (like torchrun).
+
+    Exit status: 0 finished and every record delivered; 1 the job failed; 2 bad
+    input; 3 the job finished but some records were not delivered (listed, with why:
+    refused by the sink, or the sink unreachable).
 
     Starts WORKERS processes of SCRIPT plus SPARES hot spares. A killed worker is
     replaced by a spare that receives the full training state from a healthy replica
@@ -139,17 +155,39 @@ def run(
             faults=[parse_fault(f) for f in inject],
             signal_file=str(signal_file) if signal_file else None,
             signal_command=signal_command, nvml=nvml, progress_interval_s=progress_every,
-            fork_spares=fork_spares, resume=resume)
+            fork_spares=fork_spares, resume=resume, deliver_timeout_s=deliver_timeout,
+            hang_floor_s=hang_floor, hang_factor=hang_factor)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    result = launch(cfg)
+    from runtime.errors import OutboxError
+    from runtime.supervisor import EXIT_UNDELIVERED
+
+    try:
+        result = launch(cfg)
+    except OutboxError as exc:
+        typer.echo(f"error: {exc}; the job was not started", err=True)
+        raise typer.Exit(2) from exc
     typer.echo(f"job {result.job_id}: {'finished' if result.exit_code == 0 else 'FAILED'} at "
                f"step {result.final_step}; {len(result.recoveries)} recoveries; run dir "
                f"{result.run_dir}")
-    if not result.delivered:
-        typer.echo("warning: some records are still in the outbox (sink unreachable); "
-                   "rerun with --resume to deliver them", err=True)
+    problems = result.delivery_report()
+    undelivered = not result.delivered or result.rescued is not None
+    if problems and not undelivered:  # the outbox's disk failed, the sink took it all
+        typer.echo(f"warning: {problems[-1]}", err=True)
+    elif problems:
+        typer.echo(f"error: record(s) of job {result.job_id} not delivered "
+                   "(they stay in the outbox):", err=True)
+        for line in problems[:20]:
+            typer.echo(f"  {line}", err=True)
+        if len(problems) > 20:
+            typer.echo(f"  ... and {len(problems) - 20} more (yoco outbox list "
+                       f"{result.job_id})", err=True)
+        typer.echo(f"  deliver pending ones with `yoco outbox deliver {result.job_id}`; "
+                   f"fix and re-send refused ones with `yoco outbox resend {result.job_id}`",
+                   err=True)
+        if result.exit_code == 0:
+            raise typer.Exit(EXIT_UNDELIVERED)
     raise typer.Exit(result.exit_code)
 
 
@@ -163,19 +201,171 @@ def drain(
     """Move a running job off WORKER at its next step boundary (planned migration).
 
     A hot spare takes the worker's rank and receives the state from a healthy replica;
-    the drained worker then exits. The move is recorded as a planned failure event.
+    the drained worker then exits. The move is recorded as a planned failure event
+    (dated when the request was made). A job started with --spares 0 has no spare: the
+    drain is refused (exit 2). While a spare is being started the request waits; the
+    job's status.json lists it under moves_pending. Exit 1: no such job or worker.
     """
     from runtime.control import default_runs_root
     from runtime.control import drain as file_drain
-    from runtime.errors import DrainError
+    from runtime.errors import DrainError, NoSpareError
 
     try:
         name = file_drain(job, worker, runs_root=runs_root or default_runs_root(),
                           reason=reason)
+    except NoSpareError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except DrainError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"drain of {name} requested for job {job}")
+
+
+outbox_app = typer.Typer(
+    help="Inspect a job's outbox: records pending delivery and dead letters (records the "
+         "sink refused for good), and deliver or re-send them.",
+    no_args_is_help=True)
+
+
+def _run_dir(job: str, runs_root: Path | None) -> Path:
+    from runtime.control import default_runs_root
+
+    run_dir = (runs_root or default_runs_root()) / job
+    if not (run_dir / "outbox").is_dir():
+        typer.echo(f"error: no outbox for job {job!r} in {run_dir.parent}", err=True)
+        raise typer.Exit(2)
+    return run_dir
+
+
+def _sink_for_run(run_dir: Path, sink: str | None, sink_arg: list[str]) -> RecordSink:
+    """The sink ``yoco run`` would use for this job: ``--sink``, else the hook, else the
+    ledger for the job's contract, else RUN_DIR/records.jsonl."""
+    import json
+
+    from runtime.errors import ConfigError
+    from runtime.sink import JsonlFileSink, parse_sink_spec
+
+    try:
+        kwargs = dict(a.split("=", 1) for a in sink_arg)
+    except ValueError:
+        raise typer.BadParameter("--sink-arg takes KEY=VALUE") from None
+    try:
+        if sink:
+            return parse_sink_spec(sink, kwargs).build()
+        spec = _default_sink() if _default_sink is not None else None
+        if spec is None:
+            try:
+                status = json.loads((run_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                status = {}
+            spec = _ledger_sink_for(str(status.get("contract_id", "default")))
+        if spec is None:
+            return JsonlFileSink(run_dir / "records.jsonl")
+        return spec.build()
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+_SINK_HELP = ("Where records go: jsonl:PATH or module:factory (default: as `yoco run` "
+              "chose: the ledger for the job's contract, else RUN_DIR/records.jsonl).")
+
+
+@outbox_app.command("list")
+def outbox_list(
+    job: str = typer.Argument(..., help="Job ID."),
+    runs_root: Path | None = typer.Option(None, "--runs-root", envvar="YOCO_RUN_DIR",
+                                          help="Folder of run directories."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
+) -> None:
+    """List the records of JOB not yet delivered: pending ones and dead letters.
+
+    Exit status 0 when nothing is undelivered, 3 otherwise.
+    """
+    import json
+    from datetime import UTC, datetime
+
+    from runtime.outbox import Outbox
+
+    box = Outbox(_run_dir(job, runs_root) / "outbox")
+    pending, dead = box.pending(limit=1_000_000), box.dead_letters()
+    for rec in pending:
+        row = {"state": "pending", "event_id": rec["event_id"], "kind": rec["kind"]}
+        typer.echo(json.dumps(row) if as_json else f"pending      {rec['kind']:<13} "
+                   f"{rec['event_id']}")
+    for d in dead:
+        at = datetime.fromtimestamp(d.at, UTC).isoformat(timespec="seconds")
+        row = {"state": "dead_letter", "event_id": d.event_id,
+               "kind": d.record.get("kind"), "reason": d.reason, "at": at}
+        typer.echo(json.dumps(row) if as_json else f"dead letter  {d.record.get('kind'):<13} "
+                   f"{d.event_id}  refused {at}: {d.reason}")
+    if not as_json:
+        typer.echo(f"{len(pending)} pending, {len(dead)} dead letter(s)")
+    if pending or dead:
+        raise typer.Exit(3)
+
+
+@outbox_app.command("resend")
+def outbox_resend(
+    job: str = typer.Argument(..., help="Job ID."),
+    event_ids: list[str] = typer.Argument(None, help="Dead letters to re-send (default: "
+                                                      "all), by event_id."),
+    runs_root: Path | None = typer.Option(None, "--runs-root", envvar="YOCO_RUN_DIR",
+                                          help="Folder of run directories."),
+    sink: str | None = typer.Option(None, "--sink", help=_SINK_HELP),
+    sink_arg: list[str] = typer.Option([], "--sink-arg", help="KEY=VALUE for the sink."),
+) -> None:
+    """Deliver JOB's dead letters again (after fixing what the sink refused, e.g. adding
+    the contract), one by one in outbox order. Exit 0 if all went, 3 if not."""
+    from runtime.errors import OutboxError
+    from runtime.outbox import Outbox, resend_dead_letters
+
+    run_dir = _run_dir(job, runs_root)
+    box = Outbox(run_dir / "outbox")
+    if not box.dead_letters():
+        typer.echo(f"job {job} has no dead letters")
+        return
+    try:
+        results = resend_dead_letters(box, _sink_for_run(run_dir, sink, sink_arg),
+                                      event_ids or None)
+    except OutboxError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    for r in results:
+        typer.echo(f"{'delivered' if r.delivered else 'NOT delivered'}  {r.kind:<13} "
+                   f"{r.event_id}{'' if r.delivered else '  ' + r.reason}")
+    if not all(r.delivered for r in results):
+        raise typer.Exit(3)
+
+
+@outbox_app.command("deliver")
+def outbox_deliver(
+    job: str = typer.Argument(..., help="Job ID."),
+    runs_root: Path | None = typer.Option(None, "--runs-root", envvar="YOCO_RUN_DIR",
+                                          help="Folder of run directories."),
+    sink: str | None = typer.Option(None, "--sink", help=_SINK_HELP),
+    sink_arg: list[str] = typer.Option([], "--sink-arg", help="KEY=VALUE for the sink."),
+) -> None:
+    """Deliver JOB's pending records now (e.g. after the ledger was unreachable).
+    Permanently refused ones become dead letters. Exit 0 if nothing is left, 3 if not."""
+    from runtime.outbox import Deliverer, Outbox
+
+    run_dir = _run_dir(job, runs_root)
+    box = Outbox(run_dir / "outbox")
+    deliverer = Deliverer(box, _sink_for_run(run_dir, sink, sink_arg))
+    sent = 0
+    try:
+        while box.pending_count():
+            sent += deliverer.deliver_once()
+    except Exception as exc:  # an outage: say so; the records stay pending
+        typer.echo(f"error: sink unreachable ({type(exc).__name__}: {exc}); "
+                   f"{box.pending_count()} record(s) still pending", err=True)
+        raise typer.Exit(3) from exc
+    dead = box.dead_letters()
+    typer.echo(f"{sent} record(s) handled; 0 pending; {len(dead)} dead letter(s)")
+    if dead:
+        raise typer.Exit(3)
 
 
 _RUN_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -187,6 +377,7 @@ def register(app: typer.Typer, *, default_sink: SinkHook | None = None) -> None:
         set_default_sink(default_sink)
     app.command("run", context_settings=_RUN_SETTINGS)(run)
     app.command("drain")(drain)
+    app.add_typer(outbox_app, name="outbox")
 
 
 app = typer.Typer(help="Fault-tolerant training runtime.", no_args_is_help=True)

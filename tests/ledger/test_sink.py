@@ -43,3 +43,15 @@ def test_a_refused_batch_names_the_record_and_writes_nothing(sink, engine) -> No
     assert exc.value.errors[0].field == "failure_event_id"
     with engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM journal_entries")).scalar() == 1
+
+
+def test_a_refusal_is_permanent_an_outage_is_not() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from ledger.sink import LedgerSink
+    from runtime.sink import is_permanent_refusal
+
+    sink = LedgerSink(lambda: None)  # type: ignore[arg-type, return-value]
+    assert is_permanent_refusal(sink, IngestRefused(["line 1: cause: bad"]))
+    assert not is_permanent_refusal(sink, OperationalError("SELECT 1", {}, Exception("down")))
+    assert not is_permanent_refusal(sink, ConnectionRefusedError())

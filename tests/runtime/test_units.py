@@ -10,7 +10,7 @@ import torch
 
 from runtime.control import drain, take_requests, write_status
 from runtime.data import ShardedSampler
-from runtime.errors import DrainError, FaultSpecError
+from runtime.errors import DrainError, FaultSpecError, NoSpareError
 from runtime.faults import decode_faults, encode_faults, parse_fault
 from runtime.state import join_state, pack, split_state, unpack
 from runtime.telemetry import (
@@ -108,6 +108,12 @@ def test_drain_request_files(tmp_path: Path) -> None:
     reqs = take_requests(run / "control")
     assert [r["worker"] for r in reqs] == ["w3"] and take_requests(run / "control") == []
     json.dumps(reqs)
+    # A job started without spares: refused, nothing filed.
+    write_status(run, {"state": "running", "members": ["w0", "w3"], "spares": [],
+                       "spares_configured": 0})
+    with pytest.raises(NoSpareError, match="no spare"):
+        drain("job1", "w3", runs_root=tmp_path)
+    assert take_requests(run / "control") == []
 
 
 def test_process_exiting_sees_a_kill_before_the_exit_status() -> None:
