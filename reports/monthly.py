@@ -21,13 +21,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import inspect
+import json
 import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from fractions import Fraction
 from typing import Any
 
 from markupsafe import Markup
@@ -36,7 +36,14 @@ from sqlalchemy.orm import Session
 
 from billing import services as billing_services
 from billing import sla
-from billing.money import format_minor, minor_unit_exponent
+from billing.display import Verdict, verdict
+from billing.display import cost_text as _cost
+from billing.display import goodput_text as _goodput
+from billing.display import hours_text as _hours
+from billing.display import money_text as _money
+from billing.display import plain as _plain
+from billing.display import rate_text as _rate
+from billing.money import format_minor
 from billing.services import terms_of
 from billing.terms import Terms
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
@@ -82,6 +89,10 @@ REPORT_KIND = "report"
 #: Namespace of report entries' event ids (UUID v5 of contract, month, checkpoint, digests).
 REPORT_NAMESPACE = uuid.UUID("0b6f3c0e-4d55-4f4e-9c55-2f1a7c9e5a10")
 TEMPLATE = "monthly.html.j2"
+#: Format of the machine-readable figures block a report embeds (HTML ``<script
+#: id="yoco-report-figures">``, PDF attachment ``yoco-report-figures.json``).
+FIGURES_FORMAT = "yoco-report-figures/v1"
+FIGURES_ID = "yoco-report-figures"
 MONTH_NAMES = (
     "January", "February", "March", "April", "May", "June", "July", "August",
     "September", "October", "November", "December",
@@ -182,42 +193,6 @@ def contracts_active_in(session: Session, year: int, month: int) -> list[str]:
 # --------------------------------------------------------------------------- verdicts
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """Where the guarantee stands for a period: ``met``, ``at risk`` or ``missed``.
-
-    * missed: resolved × 100 < covered × threshold (for a period still running: so far);
-    * at risk: met, the period is still running, and one more unresolved covered failure
-      would bring it below the threshold;
-    * met: otherwise (including no covered failure at all).
-    """
-
-    word: str
-    css: str
-    text: str
-
-
-def verdict(resolved: int, covered: int, threshold: Decimal, closed: bool) -> Verdict:
-    """The :class:`Verdict` of ``resolved`` of ``covered`` against ``threshold`` percent."""
-    thr = format(threshold, "f")
-    if covered == 0:
-        return Verdict("met", "met", "no covered failures")
-    if resolved * 100 < covered * threshold:
-        if closed:
-            return Verdict("missed", "missed", f"below the guaranteed {thr} %")
-        return Verdict(
-            "missed", "missed", f"below the guaranteed {thr} % so far; the period is still open"
-        )
-    if not closed and resolved * 100 < (covered + 1) * threshold:
-        return Verdict(
-            "at risk",
-            "risk",
-            f"at or above {thr} % now, but one more unresolved failure would bring it below",
-        )
-    so_far = "" if closed else " so far"
-    return Verdict("met", "met", f"at or above the guaranteed {thr} %{so_far}")
-
-
 # --------------------------------------------------------------------------- formatting
 
 
@@ -235,57 +210,6 @@ def _utc_short(dt: datetime) -> str:
 
 def _long_date(d: date) -> str:
     return f"{d.day} {MONTH_NAMES[d.month - 1]} {d.year}"
-
-
-def _hours(seconds: Decimal) -> str:
-    return sla.decimal_string(Fraction(seconds) / 3600)
-
-
-def _rate(resolved: int, covered: int) -> str:
-    if covered == 0:
-        return "no covered failures"
-    return f"{sla.decimal_string(Fraction(resolved * 100, covered), 2)}% ({resolved} of {covered})"
-
-
-def _goodput(figs: sla.SlaFigures) -> str:
-    allocated = Fraction(figs.allocated_gpu_seconds)
-    g = Fraction(1) if allocated == 0 else 1 - Fraction(figs.lost_gpu_seconds) / allocated
-    six = sla.decimal_string(g)
-    pct = sla.decimal_string(Fraction(Decimal(six)) * 100, 4)
-    return f"{six} ({pct} %)"
-
-
-def _round_half_up(value: Fraction) -> int:
-    q, r = divmod(abs(value.numerator), value.denominator)
-    if 2 * r >= value.denominator:
-        q += 1
-    return q if value >= 0 else -q
-
-
-def _grouped(amount: str) -> str:
-    neg = amount.startswith("-")
-    whole, _, frac = amount.lstrip("-").partition(".")
-    out = f"{int(whole):,}" + (f".{frac}" if frac else "")
-    return ("-" if neg else "") + out
-
-
-def _money(amount: Decimal, currency: str) -> str:
-    return f"{_grouped(format(amount, 'f'))} {currency}"
-
-
-def _cost(seconds: Decimal, price: Decimal | None, currency: str) -> str | None:
-    if price is None:
-        return None
-    exp = minor_unit_exponent(currency)
-    minor = _round_half_up(Fraction(seconds) * Fraction(price) / 3600 * 10**exp)
-    return f"{_grouped(format_minor(minor, currency))} {currency}"
-
-
-def _plain(d: Decimal) -> str:
-    s = format(d, "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return s or "0"
 
 
 def file_stem(contract_id: str, year: int, month: int) -> str:
@@ -446,6 +370,52 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
     }
 
 
+def _figure_rows(
+    m: dict[str, Any], y: dict[str, Any], terms: Terms, has_price: bool, credit_text: str
+) -> list[dict[str, Any]]:
+    """The rows of the figures table, in order: id, label, and the text each column shows.
+
+    One list for the table the reader sees and the machine-readable block the verifier
+    reads (``yoco-verify`` checks that the visible text shows exactly these strings).
+    """
+    rows: list[tuple[str, str, str, str]] = [
+        ("covered", "Covered failures", str(m["covered"]), str(y["covered"])),
+        ("resolved", "Resolved (live-migrated, no lost progress)", str(m["resolved"]),
+         str(y["resolved"])),
+        ("rolled_back", "Rolled back to a checkpoint", str(m["rolled_back"]),
+         str(y["rolled_back"])),
+        ("failed", "Failed (job did not recover)", str(m["failed"]), str(y["failed"])),
+        ("pending", "Pending (no outcome recorded yet)", str(m["pending"]), str(y["pending"])),
+        ("rate", "Resolution rate", m["rate"], y["rate"]),
+        ("verdict", f"Guarantee (≥ {format(terms.threshold_percent, 'f')} %)",
+         m["verdict"].word, y["verdict"].word),
+        ("excluded", "Excluded failures", str(m["excluded"]), str(y["excluded"])),
+        ("not_covered", "Not covered (class outside the guarantee)", str(m["not_covered"]),
+         str(y["not_covered"])),
+        ("total", "All failures", str(m["total"]), str(y["total"])),
+        ("allocated", "Allocated GPU-hours", m["allocated"], y["allocated"]),
+        ("lost", "Lost GPU-hours (all failures)", m["lost"], y["lost"]),
+    ]  # fmt: skip
+    if has_price:
+        rows.append(("lost_cost", "Cost of lost GPU-hours", m["lost_cost"], y["lost_cost"]))
+    rows.append(("goodput", "Goodput", m["goodput"], y["goodput"]))
+    rows.append(("credit", "Credit status", "—", credit_text))
+    out = []
+    for rid, label, mv, yv in rows:
+        row: dict[str, Any] = {"id": rid, "label": label, "month": mv, "year": yv}
+        if rid == "verdict":
+            row["month_css"], row["year_css"] = m["verdict"].css, y["verdict"].css
+        out.append(row)
+    return out
+
+
+def figures_json(block: dict[str, Any]) -> str:
+    """``block`` as JSON safe inside ``<script type="application/json">`` (no ``<``, ``>``
+    or ``&`` characters: they are escaped as ``\\u003c`` …, which JSON parsers undo)."""
+    text = json.dumps(block, sort_keys=True, ensure_ascii=False, indent=1)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def prepare_monthly_report(
     session: Session,
     contract_id: str,
@@ -565,6 +535,22 @@ def prepare_monthly_report(
     elif closed_year and not ytd.guarantee_met:
         credit_text = "none recorded yet: the credit is issued at the year close"
 
+    m_col, y_col = column(figs, closed_month), column(ytd, closed_year)
+    figure_rows = _figure_rows(m_col, y_col, terms, price is not None, credit_text)
+    block = {
+        "format": FIGURES_FORMAT,
+        "contract_id": contract_id,
+        "month": f"{year:04d}-{month:02d}",
+        "contract_year": k,
+        "log": cp.origin,
+        "tree_size": cp.tree_size,
+        "root_hash": root_b64,
+        "as_of": _utc(as_of),
+        "month_period": {"start": _utc(m_start), "end": _utc(m_end), "closed": closed_month},
+        "year_period": {"start": _utc(y_start), "end": _utc(ytd_end), "closed": closed_year},
+        "rows": figure_rows,
+        "values": {"month": figs.to_json(), "year": ytd.to_json()},
+    }
     key_line = cp.key_id
     note_lines = cp.note.split("\n\n", 1)
     context = {
@@ -603,8 +589,10 @@ def prepare_monthly_report(
             or "none",
             "excluded_causes": ", ".join(sorted(terms.excluded_causes)) or "none",
         },
-        "m": column(figs, closed_month),
-        "y": column(ytd, closed_year),
+        "m": m_col,
+        "y": y_col,
+        "figure_rows": figure_rows,
+        "figures_json": Markup(figures_json(block)),  # noqa: S704 - escaped for <script>
         "has_price": price is not None,
         "credit_text": credit_text,
         "credit_note": (credit or {}).get("credit_note"),

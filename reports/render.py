@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,15 @@ TEMPLATES = PACKAGE / "templates"
 STATIC = PACKAGE / "static"
 FONTS = STATIC / "fonts"
 
+#: Name of the PDF attachment holding a report's machine-readable figures block.
+FIGURES_ATTACHMENT = "yoco-report-figures.json"
+
 _lock = threading.Lock()
 log = logging.getLogger(__name__)
+_FIGURES_RE = re.compile(
+    r'<script type="application/json" id="yoco-report-figures">(.*?)</script>', re.S
+)
+_CREATED_RE = re.compile(r'<meta name="dcterms.created" content="([^"]+)">')
 
 
 @cache
@@ -137,9 +146,30 @@ def html_to_pdf(html: str) -> bytes:
     package, no URL fetched outside it, and the same bytes for the same HTML (file
     identifier from the HTML's SHA-256; dates from the HTML's ``dcterms`` meta tags).
     """
-    from weasyprint import HTML
+    from weasyprint import HTML, Attachment
 
     warn_without_harfbuzz_subset()
+    attachments = []
+    block = _FIGURES_RE.search(html)
+    if block is not None:
+        # The machine-readable figures travel inside the PDF too, as an attached file
+        # (yoco-verify reads it and checks the visible text against it); its dates are
+        # the report's own, so the same HTML still gives the same PDF bytes.
+        created = _CREATED_RE.search(html)
+        when = (
+            datetime.fromisoformat(created.group(1).replace("Z", "+00:00"))
+            if created
+            else datetime(2000, 1, 1, tzinfo=UTC)
+        )
+        attachments.append(
+            Attachment(
+                string=block.group(1).strip(),
+                name=FIGURES_ATTACHMENT,
+                description="yoco report figures (yoco-report-figures/v1)",
+                created=when,
+                modified=when,
+            )
+        )
     with _lock:  # one FontConfiguration per process; WeasyPrint is not thread-safe
         css, font_config = _pdf_resources()
         identifier = hashlib.sha256(html.encode("utf-8")).hexdigest()[:32].encode()
@@ -147,6 +177,7 @@ def html_to_pdf(html: str) -> bytes:
             stylesheets=[css],
             font_config=font_config,
             pdf_identifier=identifier,
+            attachments=attachments,
         )
     assert isinstance(pdf, bytes)
     return pdf
