@@ -14,7 +14,7 @@ refused (reopen nothing: corrections of a closed year go through adjustments).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -24,12 +24,13 @@ from sqlalchemy.orm import Session
 
 from billing import entries
 from billing.errors import AmendmentRefused
+from billing.inforce import InForce, in_force, merge_changes, term_years_of
 from billing.models import Amendment, BillingYear
 from billing.terms import Terms
 from billing.years import contract_year_dates
 from ledger import journal
 from ledger.contracts import get_contract
-from ledger.records import ContractSpec, contract_from_record
+from ledger.records import contract_from_record
 
 __all__ = [
     "AMENDMENT_TYPES",
@@ -42,16 +43,6 @@ __all__ = [
 
 AMENDMENT_TYPES = frozenset({"expansion", "renewal", "value", "terms"})
 _CHANGE_KEYS = ("annual_value", "renewal_value", "gpu_hour_price", "term_years", "terms")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InForce:
-    """A contract as amended for one year: the spec, its terms, which amendments apply."""
-
-    contract: ContractSpec
-    terms: Terms
-    amendments: tuple[str, ...]
-    term_years: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,30 +63,8 @@ def _rows(session: Session, contract_id: str, tree_size: int | None = None) -> l
     )
 
 
-def _merge(record: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(record)
-    for key, value in changes.items():
-        if key == "terms":
-            terms = dict(out.get("terms") or {})
-            terms.update(value)
-            out["terms"] = terms
-        else:
-            out[key] = value
-    return out
-
-
-def _term_years(base: ContractSpec, rows: Sequence[Amendment]) -> int:
-    term = base.term_years
-    for row in sorted(rows, key=lambda r: r.seq):
-        if "term_years" in row.changes:
-            term = max(term, int(row.changes["term_years"]))
-    return term
-
-
-def _applies(row: Amendment, year_start: date, year_end: date) -> bool:
-    if row.effective_date <= year_start:
-        return True
-    return bool(row.applies_to_year_in_progress) and row.effective_date < year_end
+_merge = merge_changes
+_term_years = term_years_of
 
 
 def contract_in_force(
@@ -110,30 +79,7 @@ def contract_in_force(
     checkpoint needs).
     """
     base = get_contract(session, contract_id)
-    rows = _rows(session, contract_id, tree_size)
-    if not rows:
-        return InForce(
-            contract=base,
-            terms=Terms.from_json(base.to_record().get("terms")),
-            amendments=(),
-            term_years=base.term_years,
-        )
-    start, end = contract_year_dates(base.start_date, max(year, 1))
-    record = base.to_record()
-    used: list[str] = []
-    for row in rows:
-        if _applies(row, start, end):
-            record = _merge(record, row.changes)
-            used.append(str(row.event_id))
-    term = _term_years(base, rows)
-    record["term_years"] = term
-    spec = contract_from_record(record)
-    return InForce(
-        contract=spec,
-        terms=Terms.from_json(record.get("terms")),
-        amendments=tuple(used),
-        term_years=term,
-    )
+    return in_force(base, _rows(session, contract_id, tree_size), year)
 
 
 def amendments_of(session: Session, contract_id: str) -> list[dict[str, Any]]:

@@ -394,6 +394,37 @@ def ledger_prove(
         sys.stdout.write(text)
 
 
+@ledger_app.command("export-log")
+def ledger_export_log(
+    contract_id: Annotated[str, typer.Argument(help="The contract whose log to export.")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory to write the log into (created if needed).")
+    ],
+    checkpoint: Annotated[
+        int | None,
+        typer.Option(
+            "--checkpoint",
+            min=1,
+            help="Tree size of the signed checkpoint to export up to (default: the latest).",
+        ),
+    ] = None,
+) -> None:
+    """Export a contract's whole log up to a signed checkpoint (C2SP tlog-tiles layout).
+
+    Writes checkpoint, tile/entries/... (the entries' exact bytes) and tile/<L>/...
+    (hash tiles): check them offline with yoco-verify DIR --public-key KEY (docs/audit.md).
+    """
+    from ledger.export import export_to_dir
+
+    with application() as ctx:
+        info = _unit(ctx, lambda s: export_to_dir(s, contract_id, out_dir, checkpoint))
+    out.print(
+        f"exported {info.contract_id}: {info.tree_size} entries up to checkpoint "
+        f"{info.tree_size} (root {info.root_hash.hex()}), {info.files} files in {out_dir}",
+        highlight=False,
+    )
+
+
 @ledger_app.command("public-key")
 def ledger_public_key() -> None:
     """Print the checkpoint signer's verifier key (C2SP note verifier key)."""

@@ -10,6 +10,7 @@ from web.routers import (
     api_docs,
     api_failures,
     api_records,
+    auditlog,
     auth,
     checkpoints,
     contracts,
@@ -34,4 +35,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     api_failures.router,
     api_checkpoints.router,
     api_records.router,
+    auditlog.router,
 )

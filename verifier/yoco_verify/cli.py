@@ -1,0 +1,233 @@
+"""``yoco-verify``: check an exported log and recompute a report's figures, offline.
+
+Exit status: 0 when every check passes and every figure matches; 1 when a check fails or
+a figure differs (each is printed with the reason); 2 for bad usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from yoco_verify import VerifyError
+from yoco_verify.logdir import VerifiedLog, load_key, open_log, read_checkpoint
+from yoco_verify.replay import Ledger, parse_entry, replay
+
+__all__ = ["main"]
+
+_LABEL = {"month": "month", "year": "year to date"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="yoco-verify",
+        description=(
+            "Check a yoco contract log exported in the C2SP tlog-tiles layout against its "
+            "signed checkpoint and your pinned public key, then recompute every figure of "
+            "monthly reports from the entries alone. No database, no network."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  yoco-verify LOG_DIR --public-key key.txt\n"
+            "  yoco-verify LOG_DIR --public-key key.txt --report yoco-sla-C-1-2026-03.pdf\n"
+            "  yoco-verify LOG_DIR --public-key key.txt --mine my-failures.csv\n"
+            "  yoco-verify LOG_DIR --public-key key.txt --since old/checkpoint\n"
+            "Exit 0 only when every check passes and every figure matches."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("log_dir", type=Path, help="the exported log (holds checkpoint and tile/)")
+    p.add_argument(
+        "--public-key",
+        "-k",
+        required=True,
+        help="the operator's verifier key you pinned (the key text, or a file holding it)",
+    )
+    p.add_argument(
+        "--report",
+        "-r",
+        type=Path,
+        action="append",
+        default=[],
+        help="a monthly report (HTML or PDF) to recompute; repeatable",
+    )
+    p.add_argument(
+        "--mine",
+        type=Path,
+        help="your own failure observations (CSV: job,start,end[,node,gpu,outcome,lost_steps])",
+    )
+    p.add_argument(
+        "--since",
+        type=Path,
+        help="an older signed checkpoint (a checkpoint file or an older export directory): "
+        "check the log extends it and list every change since",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+    return p
+
+
+class _Out:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.failed = 0
+
+    def ok(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg)
+
+    def bad(self, msg: str) -> None:
+        self.failed += 1
+        print(msg)
+
+
+def _progress(stage: str, done: int, total: int) -> None:
+    if sys.stderr.isatty() and stage == "read" and (done == total or done % 256 == 0):
+        print(f"\rreading entry bundles {done}/{total}", end="", file=sys.stderr, flush=True)
+        if done == total:
+            print(file=sys.stderr)
+
+
+def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
+    from yoco_verify.figures import recompute
+    from yoco_verify.report import check_visible, read_report
+
+    rep = read_report(path)
+    b = rep.block
+    out.ok(
+        f"report {path.name}: {b.get('contract_id')} {b.get('month')}, "
+        f"checkpoint {b.get('tree_size')}"
+    )
+    size = b.get("tree_size")
+    if not isinstance(size, int) or not 0 < size <= log.size:
+        out.bad(
+            f"  checkpoint: the report's tree size {size!r} is not in this export (1..{log.size})"
+        )
+        return
+    if b.get("log") != log.origin:
+        out.bad(
+            f"  checkpoint: the report is of log {b.get('log')!r}, the export of {log.origin!r}"
+        )
+        return
+    import base64
+
+    root = base64.b64encode(log.prefix_root(size)).decode()
+    if b.get("root_hash") != root:
+        out.bad(
+            f"  checkpoint: the report's root hash {b.get('root_hash')} is not the root of the "
+            f"log's first {size} entries ({root}): the report is not over this log"
+        )
+        return
+    out.ok(f"  checkpoint {size}: root {root} matches the log's first {size} entries")
+    sub = led if size == led.size else led.prefix(size)
+    try:
+        rec = recompute(sub, b)
+    except ValueError as exc:
+        raise VerifyError(f"{path.name}: cannot recompute: {exc}") from None
+    if sub.latest_time is not None:
+        from datetime import datetime
+
+        as_of = datetime.fromisoformat(str(b["as_of"]))
+        if sub.latest_time > as_of:
+            out.bad(
+                f"  as_of: the report claims figures as of {as_of.isoformat()}, but an entry "
+                f"under its checkpoint is dated {sub.latest_time.isoformat()}"
+            )
+    for problem in check_visible(rep):
+        out.bad(f"  visible text: {problem}")
+    seen: set[str] = set()
+    for row in b.get("rows", []):
+        rid = str(row.get("id"))
+        seen.add(rid)
+        want = rec.rows.get(rid)
+        if want is None:
+            out.bad(f"  {row.get('label')}: a figure the verifier does not know ({rid})")
+            continue
+        for i, col in enumerate(("month", "year")):
+            stated, mine = str(row.get(col)), want[i]
+            name = f"{row.get('label')} ({_LABEL[col]})"
+            if stated == mine:
+                out.ok(f"  {name}: {stated}  matches")
+            else:
+                out.bad(f"  {name}: report says {stated!r}, the entries give {mine!r}  DIFFERS")
+    for rid in sorted(set(rec.rows) - seen):
+        out.bad(f"  {rid}: the entries give {rec.rows[rid]} but the report does not state it")
+    values = b.get("values") or {}
+    for col, figs in (("month", rec.month), ("year", rec.year)):
+        got: dict[str, Any] = values.get(col) or {}
+        for key, mine in figs.to_json().items():
+            if got.get(key) != mine:
+                out.bad(
+                    f"  values.{col}.{key}: block says {got.get(key)!r}, "
+                    f"the entries give {mine!r}  DIFFERS"
+                )
+    for problem in rec.credit_problems:
+        out.bad(f"  credit: {problem}")
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the verifier; return the exit status."""
+    args = _parser().parse_args(argv)
+    out = _Out(args.quiet)
+    try:
+        key = load_key(args.public_key)
+        t0 = time.monotonic()
+        log = open_log(args.log_dir, key, progress=_progress)
+        bodies = [parse_entry(e, i) for i, e in enumerate(log.entries)]
+        led = replay(bodies)
+        out.ok(
+            f"log {log.origin}: {log.size} entries, every one hashed to the signed root "
+            f"{log.root.hex()} (checked in {time.monotonic() - t0:.1f} s)"
+        )
+        if led.contract.contract_id and any(
+            b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies
+        ):
+            out.bad("log: it holds entries of another contract")
+        for path in args.report:
+            try:
+                _check_report(path, log, led, out)
+            except VerifyError as exc:
+                out.bad(f"report {path.name}: {exc}")
+        if args.mine is not None:
+            from yoco_verify.mine import compare, read_observations
+
+            obs = read_observations(args.mine)
+            findings = compare(led, obs)
+            out.ok(f"mine: {len(obs)} observations, {len(findings)} problem(s)")
+            for f in findings:
+                out.bad(f"  {f.kind}: {f.message}")
+        if args.since is not None:
+            from yoco_verify.diff import changes_since, check_consistency
+
+            src = args.since / "checkpoint" if args.since.is_dir() else args.since
+            try:
+                text = src.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise VerifyError(f"--since: cannot read {src}: {exc}") from None
+            old = read_checkpoint(text, key, "older checkpoint")
+            check_consistency(log, old)
+            out.ok(
+                f"since checkpoint {old.size}: this log of {log.size} entries extends it "
+                "(consistency proof checked)"
+            )
+            kinds, changes = changes_since(led, old.size)
+            listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+            print(f"  appended since: {listed}")
+            for c in changes:
+                print(f"  entry {c.seq} {c.kind}: {c.message}")
+    except VerifyError as exc:
+        print(f"FAILED: {exc}")
+        return 1
+    if out.failed:
+        print(f"FAILED: {out.failed} problem(s)")
+        return 1
+    print("OK: every check passed and every figure matches")
+    return 0
+
+
+def main() -> None:
+    """Console entry point."""
+    sys.exit(run())
