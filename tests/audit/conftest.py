@@ -1,5 +1,68 @@
-"""Fixtures of the audit-kit tests: the report tests' seeded, signed ledger."""
+"""Fixtures of the audit-kit tests: the report tests' seeded, signed ledger, exported."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+from yoco_verify.cli import run
+
+from reports import monthly as rm
+from tests.reports import scenarios as sc
 from tests.reports.conftest import app_ctx, engine_, seed
+from yoco.database import unit_of_work
 
-__all__ = ["app_ctx", "engine_", "seed"]
+__all__ = ["app_ctx", "engine_", "seed", "verify", "world", "yoco"]
+
+
+def yoco(*args: str) -> str:
+    from yoco.cli import build_app
+
+    result = CliRunner().invoke(build_app(), list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def verify(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str]:
+    code = run([str(a) for a in args])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, Any]:
+    """Three contracts (one closed and credited), reports of two, the tipping log exported."""
+    contracts, records = [], []
+    for fn in (sc.tipping, sc.quiet, sc.closed_year):
+        c, r = fn()
+        contracts.append(c)
+        records += r
+    seed(contracts, records)
+    from billing.closing import close_year
+
+    with unit_of_work(app_ctx.engine) as s:
+        close_year(s, "C-CLOSED", 1, signer=app_ctx.signer,
+                   origin_prefix=app_ctx.settings.log_origin)
+    out = tmp_path / "reports"
+    out.mkdir()
+    files: dict[str, Path] = {}
+    with unit_of_work(app_ctx.engine) as s:
+        for cid, y, m in (("C-TIP", 2026, 3), ("C-TIP", 2026, 2), ("C-CLOSED", 2025, 12)):
+            rep = rm.build_monthly_report(s, cid, y, m)
+            stem = rm.file_stem(cid, y, m)
+            (out / f"{stem}.html").write_bytes(rep.html_bytes)
+            (out / f"{stem}.pdf").write_bytes(rep.pdf)
+            files[f"{cid} {y}-{m:02d}"] = out / stem
+    key = app_ctx.signer.verifier_text()
+    (tmp_path / "key.txt").write_text(key + "\n")
+    logs = {}
+    for cid in ("C-TIP", "C-CLOSED"):
+        logs[cid] = tmp_path / f"log-{cid}"
+        text = yoco("ledger", "export-log", cid, "--out", str(logs[cid]))
+        assert f"exported {cid}" in text
+    return {"key": key, "key_file": tmp_path / "key.txt", "logs": logs, "reports": files,
+            "tmp": tmp_path}
+
+

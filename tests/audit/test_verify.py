@@ -7,68 +7,16 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
-from yoco_verify.cli import run
 
 from ledger import note, tiles
-from reports import monthly as rm
 from tests import factories as f
-from tests.reports import scenarios as sc
+from tests.audit.conftest import verify, yoco
 from yoco.database import unit_of_work
-
-
-def yoco(*args: str) -> str:
-    from yoco.cli import build_app
-
-    result = CliRunner().invoke(build_app(), list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def verify(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str]:
-    code = run([str(a) for a in args])
-    return code, capsys.readouterr().out
-
-
-@pytest.fixture
-def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, Any]:
-    """Three contracts (one closed and credited), reports of two, the tipping log exported."""
-    contracts, records = [], []
-    for fn in (sc.tipping, sc.quiet, sc.closed_year):
-        c, r = fn()
-        contracts.append(c)
-        records += r
-    seed(contracts, records)
-    from billing.closing import close_year
-
-    with unit_of_work(app_ctx.engine) as s:
-        close_year(s, "C-CLOSED", 1, signer=app_ctx.signer,
-                   origin_prefix=app_ctx.settings.log_origin)
-    out = tmp_path / "reports"
-    out.mkdir()
-    files: dict[str, Path] = {}
-    with unit_of_work(app_ctx.engine) as s:
-        for cid, y, m in (("C-TIP", 2026, 3), ("C-TIP", 2026, 2), ("C-CLOSED", 2025, 12)):
-            rep = rm.build_monthly_report(s, cid, y, m)
-            stem = rm.file_stem(cid, y, m)
-            (out / f"{stem}.html").write_bytes(rep.html_bytes)
-            (out / f"{stem}.pdf").write_bytes(rep.pdf)
-            files[f"{cid} {y}-{m:02d}"] = out / stem
-    key = app_ctx.signer.verifier_text()
-    (tmp_path / "key.txt").write_text(key + "\n")
-    logs = {}
-    for cid in ("C-TIP", "C-CLOSED"):
-        logs[cid] = tmp_path / f"log-{cid}"
-        text = yoco("ledger", "export-log", cid, "--out", str(logs[cid]))
-        assert f"exported {cid}" in text
-    return {"key": key, "key_file": tmp_path / "key.txt", "logs": logs, "reports": files,
-            "tmp": tmp_path}
 
 
 def test_export_is_tlog_tiles_and_verifies_with_real_reports(world, capsys) -> None:

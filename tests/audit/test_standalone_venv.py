@@ -1,0 +1,103 @@
+"""The verifier installed alone: a fresh virtual environment holding only the yoco-verify
+package (built from verifier/) and its three dependencies recomputes a real report.
+
+No network: the wheel is built here without build isolation; the dependencies
+(cryptography with cffi, pypdf, rfc8785) are made visible to the fresh environment from
+this interpreter's own copies through a .pth file, and nothing else is.  The environment
+must not be able to import the database, web or torch stacks, nor yoco's other modules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEPS = ("cryptography", "cffi", "_cffi_backend", "pycparser", "pypdf", "rfc8785")
+
+
+def _dep_paths() -> list[Path]:
+    out = []
+    for name in DEPS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            if name == "pycparser":
+                continue
+            raise AssertionError(f"{name} is not installed here")
+        origin = Path(spec.origin)
+        out.append(origin.parent if origin.name == "__init__.py" else origin)
+    return out
+
+
+@pytest.mark.slow
+def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(wheels), str(REPO / "verifier")],
+        check=True, capture_output=True, timeout=600,
+    )
+    (wheel,) = wheels.glob("yoco_verify-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    clean_env = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+                 "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "LANG": "C.UTF-8"}
+    subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, env=clean_env, timeout=600)
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for p in _dep_paths():
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, deps / p.name)
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    (site / "yoco-verify-deps.pth").write_text(str(deps) + "\n")
+
+    empty = tmp_path / "cwd"  # python -c imports from its working directory: keep it empty
+    empty.mkdir()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), capture_output=True, text=True, env=clean_env,
+                              cwd=empty, timeout=600)
+
+    # Only the pure modules were installed, and nothing of the heavy stacks is importable.
+    probe = run(str(py), "-c",
+                "import importlib.util as u, ledger, billing, yoco_verify;"
+                "print(sorted(m for m in ('sqlalchemy','fastapi','torch','psycopg','weasyprint',"
+                "'yoco','web','reports','runtime','ledger.models','billing.services',"
+                "'billing.models') if u.find_spec(m)));"
+                "print(ledger.__file__)")
+    assert probe.returncode == 0, probe.stderr
+    found, where = probe.stdout.splitlines()
+    assert found == "[]", found
+    assert where.startswith(str(site)), where
+    meta = next(site.glob("yoco_verify-*.dist-info")) / "METADATA"
+    requires = sorted(ln.split(":", 1)[1].strip() for ln in meta.read_text().splitlines()
+                      if ln.startswith("Requires-Dist:"))
+    assert [r.split(">")[0] for r in requires] == ["cryptography", "pypdf", "rfc8785"]
+
+    stem = world["reports"]["C-TIP 2026-03"]
+    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["logs"]["C-TIP"]),
+              "--public-key", str(world["key_file"]),
+              "--report", f"{stem}.pdf", "--report", f"{stem}.html")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Resolution rate (year to date): 80.95% (17 of 21)  matches" in res.stdout
+    assert res.stdout.rstrip().endswith("every figure matches")
+    # The same installed verifier refuses a report with one figure changed.
+    html = Path(f"{stem}.html").read_text()
+    forged = tmp_path / "forged.html"
+    forged.write_text(html.replace('"covered": 6', '"covered": 5', 1)
+                      .replace('"month": "6"', '"month": "5"', 1))
+    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["logs"]["C-TIP"]),
+              "--public-key", world["key"], "--report", str(forged))
+    assert res.returncode == 1, res.stdout
+    assert "DIFFERS" in res.stdout
+    assert "PYTHONPATH" not in clean_env  # the repository is not on the path
