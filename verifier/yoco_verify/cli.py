@@ -15,7 +15,7 @@ from typing import Any
 
 from yoco_verify import VerifyError
 from yoco_verify.logdir import VerifiedLog, load_key, open_log, read_checkpoint
-from yoco_verify.replay import Ledger, parse_entry, replay
+from yoco_verify.replay import Ledger, parse_entries, replay
 
 __all__ = ["main"]
 
@@ -176,15 +176,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         key = load_key(args.public_key)
         t0 = time.monotonic()
         log = open_log(args.log_dir, key, progress=_progress)
-        bodies = [parse_entry(e, i) for i, e in enumerate(log.entries)]
+        bodies = parse_entries(log.entries)
         led = replay(bodies)
         out.ok(
             f"log {log.origin}: {log.size} entries, every one hashed to the signed root "
             f"{log.root.hex()} (checked in {time.monotonic() - t0:.1f} s)"
         )
-        if led.contract.contract_id and any(
-            b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies
-        ):
+        if any(b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies):
             out.bad("log: it holds entries of another contract")
         for path in args.report:
             try:

@@ -21,7 +21,15 @@ from billing import sla
 from ledger.records import ContractSpec, contract_from_record
 from yoco_verify import VerifyError
 
-__all__ = ["Amendment", "Credit", "Ledger", "Reclass", "parse_entry", "replay"]
+__all__ = [
+    "Amendment",
+    "Credit",
+    "Ledger",
+    "Reclass",
+    "parse_entries",
+    "parse_entry",
+    "replay",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +102,31 @@ def parse_entry(data: bytes, seq: int) -> dict[str, Any]:
     return body
 
 
+_PROGRESS = b'"kind":"job_progress"'
+
+
+def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
+    """Every entry parsed, in order, with one shortcut: a flat ``job_progress`` entry (no
+    figure reads progress records) becomes ``{"kind": "job_progress"}`` without a full
+    JSON parse.  Safe: inside a canonical JSON string a quote is always escaped, so the
+    unescaped bytes ``"kind":"job_progress"`` in an object with no nested object can
+    only be its own top-level kind.  Its bytes are still hashed and checked like every
+    entry's, and it must name the log's contract (else it is parsed in full)."""
+    out: list[dict[str, Any]] = []
+    mine = b"\x00"  # the contract's own id, once entry 0 is read
+    cid: Any = None
+    for seq, data in enumerate(entries):
+        if _PROGRESS in data and mine in data and data.count(b"{") == 1:
+            out.append({"kind": "job_progress", "contract_id": cid})
+        else:
+            out.append(parse_entry(data, seq))
+            if seq == 0:
+                cid = out[0].get("contract_id")
+                # followed by a comma: "C-1" must not match "C-10"
+                mine = b'"contract_id":' + json.dumps(cid, ensure_ascii=False).encode() + b","
+    return out
+
+
 def _time(body: dict[str, Any], seq: int, name: str = "occurred_at") -> datetime:
     value = body.get(name)
     try:
@@ -137,6 +170,8 @@ def replay(bodies: Sequence[dict[str, Any]]) -> Ledger:
     closed_spans: list[tuple[sla.JobSpan, int, int | None]] = []
     for seq, b in enumerate(bodies):
         kind = b.get("kind")
+        if kind == "job_progress":
+            continue  # no figure reads progress records
         try:
             if "occurred_at" in b:
                 t = _time(b, seq)

@@ -150,9 +150,7 @@ def check_visible(report: Report) -> list[str]:
     if not isinstance(rows, list) or not rows:
         return ["the figures block has no rows"]
     for row in rows:
-        label, mv, yv = (
-            _norm(str(row.get(k, ""))).casefold() for k in ("label", "month", "year")
-        )
+        label, mv, yv = (_norm(str(row.get(k, ""))).casefold() for k in ("label", "month", "year"))
         want = f"{label} {mv} {yv}"
         at = text.find(want, pos)
         if at >= 0:
