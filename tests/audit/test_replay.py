@@ -3,8 +3,9 @@ or a disguised entry."""
 
 from __future__ import annotations
 
-from ledger.canonical import canonical_bytes
 from yoco_verify.replay import parse_entries
+
+from ledger.canonical import canonical_bytes
 
 CONTRACT = canonical_bytes({"kind": "contract", "contract_id": "C-1", "event_id": "e0",
                             "contract": {}})
