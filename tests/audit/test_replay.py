@@ -29,3 +29,26 @@ def test_progress_shortcut_only_for_the_logs_own_flat_progress_entries() -> None
     # A quoted look-alike inside a string, or a nested object, is read in full.
     assert out[3]["kind"] == "failure" and out[3]["detail"] == '"kind":"job_progress"'
     assert out[4]["kind"] == "amendment"
+
+
+def test_verifier_modules_import_without_database_web_or_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('sqlalchemy','fastapi','starlette','torch','psycopg','weasyprint','jinja2',"
+        "'yoco','web','reports','runtime'):\n"
+        "    sys.modules[m] = None\n"
+        "import yoco_verify.cli, yoco_verify.figures, yoco_verify.report, yoco_verify.mine,"
+        " yoco_verify.diff, yoco_verify.logdir, yoco_verify.replay\n"
+        "print('ok')\n"
+    )
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'verifier'}"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
