@@ -469,7 +469,7 @@ def hang(tmp: Path, reps: int) -> None:
         rec = statistics.median(r[2] for r in rows)
         print(f"[hang] floor {floor} s: detection {lat:.3f} s (median of {reps}; "
               f"{', '.join(f'{r[0]:.3f}' for r in rows)}), steady step {step * 1000:.1f} ms, "
-              f"ratio {lat / step:.1f} (goal <= 5); recovery_seconds after the fence "
+              f"ratio {lat / step:.1f} (goal <= 5); recovery_seconds recorded (stall included) "
               f"{rec:.3f} s")
 
 
