@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from argon2 import PasswordHasher
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -195,6 +195,7 @@ def create_app(
     ``ctx`` is the composition root (default: a new :class:`App` from the environment);
     engines and keys are created on first use, and released at shutdown.
     """
+    from web.deps import refuse_nul
     from web.routers import ROUTERS
 
     portal = Portal(ctx or App(), settings or WebSettings(), hasher=hasher, clock=clock)
@@ -217,6 +218,7 @@ def create_app(
         redoc_url=None,
         openapi_url="/api/openapi.json",
         lifespan=lifespan,
+        dependencies=[Depends(refuse_nul)],
     )
     app.state.portal = portal
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

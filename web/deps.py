@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from web.accounts import Principal, principal_of_user, session_user, token_principal
-from web.errors import CsrfFailed, Forbidden, LoginRequired, NotFound
+from web.errors import CsrfFailed, Forbidden, Invalid, LoginRequired, NotFound
 from web.portal import Portal
 
 SESSION_COOKIE = "yoco_session"
@@ -191,3 +191,22 @@ def check_csrf(
 
 
 CsrfDep = Annotated[None, Depends(check_csrf)]
+
+_FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+async def refuse_nul(request: Request) -> None:
+    """Refuse a NUL character anywhere in the path, the query or a form (every route).
+
+    PostgreSQL cannot store NUL in text, so such a value would fail deep in a query:
+    no contract, event or month can have one (404), and no field may (422).
+    """
+    if "\x00" in request.url.path:
+        raise NotFound()
+    if any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
+        raise Invalid("A value in the address contains a NUL character.")
+    if request.method == "POST" and request.headers.get("content-type", "").startswith(_FORMS):
+        form = await request.form()  # already parsed by FastAPI for the handler: cached
+        for k, v in form.multi_items():
+            if "\x00" in k or (isinstance(v, str) and "\x00" in v):
+                raise Invalid(f"The field {k!r} contains a NUL character.")

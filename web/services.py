@@ -403,6 +403,10 @@ def months_so_far(view: YearView) -> list[str]:
     return [m.label for m in reversed(view.months) if m.start < view.now]
 
 
+#: The last calendar year a month can be asked of (billing's ``month_bounds`` limit).
+MAX_YEAR = 9998
+
+
 def parse_month(value: str | None) -> tuple[int, int] | None:
     """``YYYY-MM`` as (year, month); None for empty; :class:`NotFound` when malformed."""
     if not value:
@@ -411,4 +415,6 @@ def parse_month(value: str | None) -> tuple[int, int] | None:
         d = date.fromisoformat(value + "-01")
     except ValueError:
         raise NotFound() from None
+    if d.year > MAX_YEAR:  # its end (the 1st of the next month) is past the calendar's
+        raise NotFound()
     return d.year, d.month
