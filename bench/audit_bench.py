@@ -144,7 +144,7 @@ def main() -> None:
             times.append(time.perf_counter() - t)
             assert code == 0, out.getvalue()[-3000:]
         lines = out.getvalue().splitlines()
-        matches = sum(1 for ln in lines if ln.endswith("matches"))
+        matches = sum(1 for ln in lines if ln.startswith("  ") and ln.endswith("  matches"))
         print("\n".join(lines[:2] + lines[-3:]))
         best, worst = min(times), max(times)
         print(

@@ -1,7 +1,8 @@
 """``yoco-verify``: check an exported log and recompute a report's figures, offline.
 
 Exit status: 0 when every check passes and every figure matches; 1 when a check fails or
-a figure differs (each is printed with the reason); 2 for bad usage or unreadable input.
+a figure differs, or an input cannot be read (each problem is printed with its reason);
+2 for bad usage (argparse).
 """
 
 from __future__ import annotations
