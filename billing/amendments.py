@@ -13,7 +13,6 @@ refused (reopen nothing: corrections of a closed year go through adjustments).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -28,7 +27,7 @@ from billing.inforce import InForce, in_force, merge_changes, term_years_of
 from billing.models import Amendment, BillingYear
 from billing.terms import Terms
 from billing.years import contract_year_dates
-from ledger import journal
+from ledger import ids, journal
 from ledger.contracts import get_contract
 from ledger.records import contract_from_record
 
@@ -189,7 +188,11 @@ def amend_contract(
                 f"effective_date: {effective_date.isoformat()} would change the terms of "
                 f"contract year {k}, which is closed"
             )
-    eid = entries.event_id("amendment", contract_id, amendment_id) if amendment_id else uuid.uuid4()
+    eid = (
+        entries.event_id("amendment", contract_id, amendment_id)
+        if amendment_id
+        else ids.random_internal_id()
+    )
     payload = {
         "amendment_type": amendment_type,
         "effective_date": effective_date.isoformat(),

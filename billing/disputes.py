@@ -37,7 +37,7 @@ from billing.errors import (
 from billing.models import Dispute, Reclassification
 from billing.terms import FAILURE_CLASSES
 from billing.years import require_aware
-from ledger import journal
+from ledger import ids, journal
 from ledger.contracts import get_contract
 from ledger.models import Failure
 
@@ -132,7 +132,7 @@ def open_dispute(
             f"failure_event_id: failure {fid} already has an open dispute ({already}); "
             "it must be decided before another is opened"
         )
-    did = uuid.uuid4()
+    did = ids.random_internal_id()
     entry = entries.make_entry(
         "dispute_opened",
         did,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from billing.errors import BillingError
-from ledger import journal, projections
+from ledger import ids, journal, projections
 from ledger.canonical import canonical_bytes
 
 #: Namespace of billing's deterministic event ids (UUID v5).
@@ -28,7 +28,7 @@ EXPORT_LOG = "yoco:billing-exports"
 
 def event_id(*parts: object) -> uuid.UUID:
     """A deterministic event id for ``parts`` (the same parts always give the same id)."""
-    return uuid.uuid5(NAMESPACE, ":".join(str(p) for p in parts))
+    return ids.derived_id(NAMESPACE, ":".join(str(p) for p in parts))
 
 
 def iso(t: datetime) -> str:
@@ -45,7 +45,13 @@ def make_entry(
     occurred_at: datetime,
     payload: Mapping[str, Any],
 ) -> journal.NewEntry:
-    """A journal entry of ``kind`` whose body is ``payload`` plus the four identity fields."""
+    """A journal entry of ``kind`` whose body is ``payload`` plus the four identity fields.
+
+    ``eid`` must come from :func:`event_id` or :func:`ledger.ids.random_internal_id`:
+    never a UUID v4, the producers' id space (issue 10: squatted ids).
+    """
+    if ids.is_producer_event_id(eid):
+        raise ValueError(f"event id {eid} is a UUID v4, which only producers may use")
     body = {
         **payload,
         "kind": kind,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import journal, projections
+from ledger import ids, journal, projections
 from ledger.canonical import canonical_bytes
 from ledger.errors import IngestRefused, UnknownContract
 from ledger.models import Contract
@@ -26,7 +26,7 @@ CONTRACT_NAMESPACE = uuid.UUID("5b0d3c1e-8f0a-4e59-9a43-0c9a1f3b7d21")
 
 def contract_event_id(contract_id: str) -> uuid.UUID:
     """The fixed event id of a contract's creation entry."""
-    return uuid.uuid5(CONTRACT_NAMESPACE, f"contract:{contract_id}")
+    return ids.derived_id(CONTRACT_NAMESPACE, f"contract:{contract_id}")
 
 
 def contract_entry(spec: ContractSpec) -> journal.NewEntry:

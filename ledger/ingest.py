@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from ledger import journal, projections
 from ledger.errors import IngestRefused
 from ledger.models import Contract
+from ledger.ids import is_producer_event_id
 from ledger.records import Record, RecordError
 
 
@@ -37,6 +38,18 @@ class IngestResult:
 
 
 Locator = Callable[[int, str, str], RecordError]
+
+
+def event_id_taken(event_id: str) -> str:
+    """The refusal of an event id already used with other content, in any log.
+
+    It names no log, sequence number, kind or content, so it is the same answer for an
+    id of the producer's own log and for one of a log it may not read.
+    """
+    return (
+        f"event id {event_id} is already used, with different content; an event id is "
+        "never reused: give each record a fresh random UUID v4"
+    )
 
 
 def line_locator(lines: Sequence[int]) -> Locator:
@@ -75,6 +88,10 @@ def ingest(
     for i, r in enumerate(records):
         if r.contract_id not in known_contracts:
             errors.append(locate(i, "contract_id", f"unknown contract {r.contract_id!r}"))
+        if not is_producer_event_id(r.event_id):
+            # validate_record refuses these already; the journal must never take a
+            # producer record into the id space of the system's own entries.
+            errors.append(locate(i, "event_id", "must be a random UUID v4"))
     if errors:
         raise IngestRefused(errors)
 
@@ -86,16 +103,12 @@ def ingest(
         if old is None:
             fresh.append((i, r))
         elif old.canonical == r.canonical:
+            # Same bytes means same contract_id, so the producer can read that log.
             result.duplicates += 1
         else:
-            errors.append(
-                locate(
-                    i,
-                    "event_id",
-                    f"event {r.event_id} is already in the ledger with different content "
-                    f"(log {old.log_id!r}, seq {old.seq}); an event id is never reused",
-                )
-            )
+            # One answer whatever log holds the id and whatever it says: the producer
+            # learns nothing about logs it may not read (issue 10, item 2).
+            errors.append(locate(i, "event_id", event_id_taken(r.event_id)))
     if errors:
         raise IngestRefused(errors)
 

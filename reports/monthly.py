@@ -47,7 +47,7 @@ from billing.money import format_minor
 from billing.services import terms_of
 from billing.terms import Terms
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
-from ledger import journal
+from ledger import ids, journal
 from ledger.canonical import canonical_bytes
 from ledger.checkpoints import latest
 from ledger.contracts import get_contract, list_contracts
@@ -679,7 +679,7 @@ def report_event_id(report: MonthlyReport) -> uuid.UUID:
         f"report:monthly:{report.contract_id}:{report.month_label}:{report.checkpoint_size}:"
         f"{report.html_sha256}:{report.pdf_sha256}"
     )
-    return uuid.uuid5(REPORT_NAMESPACE, name)
+    return ids.derived_id(REPORT_NAMESPACE, name)
 
 
 def report_entry(report: MonthlyReport) -> journal.NewEntry:

@@ -14,6 +14,7 @@ every rule are documented in ``docs/ingestion.md``.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -38,6 +39,9 @@ KINDS: Final = (
 )
 FAILURE_CLASSES: Final = ("unplanned", "preemptive", "planned")
 OUTCOMES: Final = ("live_migrated", "rolled_back", "failed")
+
+#: The UUID version producers' event ids must have (random; see :func:`is_producer_event_id`).
+PRODUCER_UUID_VERSION: Final = 4
 
 ID_MAX_LEN: Final = 200
 TEXT_MAX_LEN: Final = 4000
@@ -356,6 +360,34 @@ def _uuid(ctx: _Ctx, path: str, value: Any) -> Any:
     return canonical
 
 
+def is_producer_event_id(value: str | uuid.UUID) -> bool:
+    """Whether ``value`` is a random UUID v4 (RFC 9562 variant, version 4).
+
+    Producers choose their event ids this way (DESIGN section 4); the ids the system
+    derives for its own entries (contracts, year closes, credits, disputes, reports...)
+    are never v4, so a producer can neither take one in advance nor ask about one.
+    """
+    try:
+        u = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    except ValueError:
+        return False
+    return u.variant == uuid.RFC_4122 and u.version == PRODUCER_UUID_VERSION
+
+
+def _event_id(ctx: _Ctx, path: str, value: Any) -> Any:
+    canonical = _uuid(ctx, path, value)
+    if canonical is _INVALID:
+        return canonical
+    if not is_producer_event_id(canonical):
+        return ctx.fail(
+            path,
+            "must be a random UUID v4 (version digit 4, variant 8, 9, a or b: "
+            "xxxxxxxx-xxxx-4xxx-[89ab]xxx-xxxxxxxxxxxx); other versions are reserved for "
+            f"the ledger's own entries (got {_shown(value)})",
+        )
+    return canonical
+
+
 def _timestamp(ctx: _Ctx, path: str, value: Any) -> Any:
     if not isinstance(value, str):
         return ctx.fail(path, f"must be an ISO 8601 timestamp string, not {_json_type(value)}")
@@ -402,7 +434,7 @@ class _Field:
 
 _COMMON: Final[dict[str, _Field]] = {
     "kind": _Field(_id_string),  # checked separately; listed so it is not "unknown"
-    "event_id": _Field(_uuid),
+    "event_id": _Field(_event_id),
     "contract_id": _Field(_id_string),
     "occurred_at": _Field(_timestamp),
 }

@@ -215,16 +215,31 @@ def test_exclusion() -> None:
 @pytest.mark.parametrize(
     "event_id",
     [
-        "6F9619FF-8B86-D011-B42D-00C04FC964FF",  # version 13? any nibble: any version
-        "c232ab00-9414-11ec-b3c8-9f6bdeced846",  # v1
-        "0192e4a5-6c00-7b8a-9f00-0123456789ab",  # v7
-        "ffffffff-ffff-ffff-ffff-ffffffffffff",  # max
+        "6F9619FF-8B86-4011-B42D-00C04FC964FF",  # v4, upper case
+        "c232ab00-9414-41ec-b3c8-9f6bdeced846",  # v4, lower case
     ],
 )
-def test_event_id_any_version_is_canonical_lowercase(event_id: str) -> None:
+def test_event_id_v4_is_canonical_lowercase(event_id: str) -> None:
     r = ok(rec("job_started", event_id=event_id))
     assert r.event_id == event_id.lower()
     assert r.body["event_id"] == event_id  # the body is kept as received
+
+
+@pytest.mark.parametrize(
+    "event_id",
+    [
+        "6F9619FF-8B86-D011-B42D-00C04FC964FF",  # version 13
+        "c232ab00-9414-11ec-b3c8-9f6bdeced846",  # v1
+        "0192e4a5-6c00-7b8a-9f00-0123456789ab",  # v7
+        "886313e1-3b8a-5372-9b90-0c9aee199e5d",  # v5: the space of the ledger's own ids
+        "ffffffff-ffff-ffff-ffff-ffffffffffff",  # max
+        "c232ab00-9414-41ec-73c8-9f6bdeced846",  # version 4 but not the RFC variant
+    ],
+)
+def test_event_id_other_than_random_v4_is_refused(event_id: str) -> None:
+    record, errors = validate_record(rec("job_started", event_id=event_id))
+    assert record is None
+    assert [(e.field, "random UUID v4" in e.message) for e in errors] == [("event_id", True)]
 
 
 @pytest.mark.parametrize(
