@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from ledger import journal, projections
 from ledger.errors import IngestRefused
-from ledger.models import Contract
 from ledger.ids import is_producer_event_id
+from ledger.models import Contract
 from ledger.records import Record, RecordError
 
 
