@@ -14,6 +14,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from ledger import note, tiles
+from reports import monthly as rm
 from tests import factories as f
 from tests.audit.conftest import verify, yoco
 from yoco.database import unit_of_work
@@ -182,7 +183,14 @@ def test_mine_catches_a_withheld_failure_and_a_contradiction(world, capsys) -> N
 def test_between_two_reports_lists_every_correction(
     world, seed, app_ctx, capsys
 ) -> None:
-    old = world["logs"]["C-TIP"]
+    from ledger.checkpoints import sign_all
+
+    with unit_of_work(app_ctx.engine) as s:  # March's report, issued (recorded) and signed
+        _, recorded = rm.issue_monthly_report(s, "C-TIP", 2026, 3)
+    with unit_of_work(app_ctx.engine) as s:
+        sign_all(s, app_ctx.signer, app_ctx.settings.log_origin)
+    old = world["tmp"] / "log-old"
+    yoco("ledger", "export-log", "C-TIP", "--out", str(old))
     rng = random.Random(9)
     with unit_of_work(app_ctx.engine) as s:
         from sqlalchemy import text as sql
@@ -209,6 +217,10 @@ def test_between_two_reports_lists_every_correction(
     assert "appended since: 1 exclusion, 1 outcome" in out
     assert f"outcome: failure {fid} ({when:%Y-%m}): outcome" in out and "→ live_migrated" in out
     assert f"exclusion: failure {fid} ({when:%Y-%m}, an already reported failure) excluded" in out
+    # ... and what that does to the figures of the report already issued.
+    size = recorded.body["checkpoint_tree_size"]
+    assert f"report 2026-03 (checkpoint {size}): covered (month) was '6', the entries now give '5'" in out
+    assert f"report 2026-03 (checkpoint {size}): excluded (year to date) was '2', the entries now give '3'" in out
     # A rewritten history: a validly signed head of the old size with another root.
     cp = note.parse_checkpoint(note.unverified_text((old / "checkpoint").read_text()))
     forged = world["tmp"] / "forged-checkpoint"
@@ -231,3 +243,20 @@ def test_export_refusals(world, capsys) -> None:
     assert code == 1 and "checkpoint: missing" in out
     code, out = verify(capsys, world["logs"]["C-TIP"], "-k", "not-a-key+zz")
     assert code == 1 and "public key" in out
+
+
+def test_pdf_whose_page_lies_is_refused(world, capsys) -> None:
+    """A PDF rendered from a forged HTML (one visible figure changed, the attached block
+    honest) is refused by its extracted text; the honest PDF passes."""
+    from reports.render import html_to_pdf
+
+    stem = world["reports"]["C-TIP 2026-03"]
+    html = Path(f"{stem}.html").read_text()
+    row = re.search(r'data-figure="rate"><th>[^<]*</th><td class="num">([^<]*)</td>', html)
+    assert row is not None and row.group(1) == "33.33% (2 of 6)"
+    forged = world["tmp"] / "forged.pdf"
+    forged.write_bytes(html_to_pdf(html.replace(row.group(0), row.group(0).replace(
+        row.group(1), "100.00% (6 of 6)"))))
+    code, out = verify(capsys, world["logs"]["C-TIP"], "-k", world["key"], "--report", forged)
+    assert code == 1
+    assert "visible text: rate: the page shows 'resolution rate' as '100.00% (6 of 6)" in out, out

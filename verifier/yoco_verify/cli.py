@@ -199,7 +199,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             for f in findings:
                 out.bad(f"  {f.kind}: {f.message}")
         if args.since is not None:
-            from yoco_verify.diff import changes_since, check_consistency
+            from yoco_verify.diff import changes_since, check_consistency, reported_changes
 
             src = args.since / "checkpoint" if args.since.is_dir() else args.since
             try:
@@ -217,6 +217,14 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(f"  appended since: {listed}")
             for c in changes:
                 print(f"  entry {c.seq} {c.kind}: {c.message}")
+            fixes = reported_changes(led, old.size)
+            for fc in fixes:
+                print(
+                    f"  report {fc.month} (checkpoint {fc.report_size}): {fc.figure} "
+                    f"({fc.period}) was {fc.was!r}, the entries now give {fc.now!r}"
+                )
+            if not fixes:
+                print("  no figure of a report issued under the older checkpoint changed")
     except VerifyError as exc:
         print(f"FAILED: {exc}")
         return 1

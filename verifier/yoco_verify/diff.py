@@ -19,7 +19,7 @@ from yoco_verify import VerifyError
 from yoco_verify.logdir import VerifiedLog
 from yoco_verify.replay import Ledger
 
-__all__ = ["Change", "changes_since", "check_consistency"]
+__all__ = ["Change", "FigureChange", "changes_since", "check_consistency", "reported_changes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +123,42 @@ def changes_since(led: Ledger, old_size: int) -> tuple[Counter[str], list[Change
                     )
                 )
     return kinds, changes
+
+
+@dataclass(frozen=True, slots=True)
+class FigureChange:
+    """A figure of an issued report that the entries appended since would now change."""
+
+    month: str
+    report_size: int
+    figure: str
+    period: str
+    was: str
+    now: str
+
+
+def reported_changes(led: Ledger, old_size: int) -> list[FigureChange]:
+    """For each month reported under the older checkpoint (its latest ``report`` entry),
+    the figures that differ when recomputed over the whole newer log, as of the same
+    instant (so only the entries appended since can make a difference)."""
+    from yoco_verify.figures import recompute
+
+    latest: dict[str, dict[str, Any]] = {}
+    for b in led.bodies[:old_size]:
+        if b.get("kind") == "report" and b.get("report") == "monthly-sla":
+            latest[str(b.get("month"))] = b
+    out: list[FigureChange] = []
+    for month, b in sorted(latest.items()):
+        size = int(b["checkpoint_tree_size"])
+        block = {"month": month, "as_of": b["occurred_at"]}
+        try:
+            before = recompute(led.prefix(size), block)
+            after = recompute(led, block)
+        except (VerifyError, ValueError):
+            continue  # a month outside the contract's term, say: nothing to compare
+        for rid, (m0, y0) in before.rows.items():
+            m1, y1 = after.rows.get(rid, ("", ""))
+            for period, was, now in (("month", m0, m1), ("year to date", y0, y1)):
+                if was != now:
+                    out.append(FigureChange(month, size, rid, period, was, now))
+    return out

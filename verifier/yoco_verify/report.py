@@ -161,7 +161,7 @@ def check_visible(report: Report) -> list[str]:
         if not seen:
             problems.append(f"{row.get('id')}: the row {label!r} is not in the visible text")
             continue
-        after = seen[-1] + len(label) + 1
+        after = seen[0] + len(label) + 1  # the first after the previous row: the table
         shown = text[after : after + len(mv) + len(yv) + 12]
         problems.append(
             f"{row.get('id')}: the page shows {label!r} as {shown!r}…, "
