@@ -260,3 +260,47 @@ def test_pdf_whose_page_lies_is_refused(world, capsys) -> None:
     code, out = verify(capsys, world["logs"]["C-TIP"], "-k", world["key"], "--report", forged)
     assert code == 1
     assert "visible text: rate: the page shows 'resolution rate' as '100.00% (6 of 6)" in out, out
+
+
+def test_a_signed_year_close_with_false_figures_is_caught(world, app_ctx, capsys) -> None:
+    """A malicious operator signs a log whose year close claims the guarantee was met (and
+    so issues no credit): every hash is right, the figures are not."""
+    import json
+
+    from ledger.canonical import canonical_bytes
+    from ledger.merkle import leaf_hash
+
+    log = world["tmp"] / "false-close"
+    shutil.copytree(world["logs"]["C-CLOSED"], log)
+    entries: list[bytes] = []
+    cp = note.parse_checkpoint(note.unverified_text((log / "checkpoint").read_text()))
+    bundles = [t for t in tiles.tiles_for_size(cp.size) if t.level < 0]
+    for t in bundles:
+        entries += tiles.parse_bundle((log / t.path).read_bytes())
+    i = next(n for n, e in enumerate(entries) if b'"kind":"year_close"' in e)
+    body = json.loads(entries[i])
+    body["figures"]["resolved_failures"] = 5
+    body["figures"]["guarantee_met"] = True
+    entries[i] = canonical_bytes(body)
+    for t in bundles:
+        (log / t.path).write_bytes(tiles.bundle_entries(entries[t.first : t.first + t.width]))
+    levels = tiles.compute_levels([leaf_hash(e) for e in entries])
+    for t in tiles.tiles_for_size(cp.size):
+        if t.level >= 0:
+            (log / t.path).write_bytes(tiles.tile_bytes(levels, t))
+    root = tiles.tree_root(cp.size, levels)
+    (log / "checkpoint").write_text(note.sign_checkpoint(app_ctx.signer, cp.origin, cp.size, root))
+    code, out = verify(capsys, log, "-k", world["key"])
+    assert code == 0, out  # the log itself is consistent and signed ...
+    html = Path(f"{world['reports']['C-CLOSED 2025-12']}.html").read_text()
+    old_root = re.search(r'"root_hash": "([^"]+)"', html)
+    assert old_root is not None
+    report = world["tmp"] / "false-close.html"
+    import base64
+
+    report.write_text(html.replace(old_root.group(1), base64.b64encode(root).decode()))
+    code, out = verify(capsys, log, "-k", world["key"], "--report", report)
+    assert code == 1
+    assert (f"credit: year_close of contract year 1 (entry {i}): resolved_failures stated 5, "
+            "the entries before it give 3") in out, out
+    assert "guarantee_met stated True, the entries before it give False" in out

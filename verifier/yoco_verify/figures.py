@@ -110,6 +110,27 @@ def _records(led: Ledger, start: datetime, end: datetime) -> dict[str, Any]:
     }
 
 
+def _check_close(led: Ledger, close: dict[str, Any], k: int) -> list[str]:
+    """A year close (or adjustment) states the year's figures as the entries before it
+    left them; recompute them from those entries, as of the close's own time."""
+    seq = int(close["_seq"])
+    before = led.prefix(seq)
+    now = datetime.fromisoformat(str(close["occurred_at"]))
+    inf = in_force(before.contract, before.amendments, k)
+    tz = inf.contract.timezone
+    start, end = contract_year_bounds(inf.contract.start_date, tz, k)
+    figs = sla.compute_figures(
+        terms=inf.terms, period_start=start, period_end=end, now=now, **_records(before, start, end)
+    ).to_json()
+    stated = close.get("figures") or {}
+    return [
+        f"{close.get('kind')} of contract year {k} (entry {seq}): {key} stated "
+        f"{stated.get(key)!r}, the entries before it give {value!r}"
+        for key, value in figs.items()
+        if stated.get(key) != value
+    ]
+
+
 def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
     """The figures of the report described by ``block`` (its month, as-of instant and
     the options its table shows), from ``led`` (the entries under its checkpoint)."""
@@ -191,6 +212,8 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
                 f"of {format(contract.credit_base, 'f')})"
             )
     closes = [c for c in led.year_closes if int(c.get("year", 0)) == k]
+    for close in closes:
+        problems.extend(_check_close(led, close, k))
     if closes and closed_year:
         live = credit is not None and credit["status"] != "void"
         if not fy.guarantee_met and not live:
