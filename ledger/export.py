@@ -14,7 +14,7 @@ import gzip
 import io
 import os
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,13 +123,19 @@ def _info(cp: Checkpoint, files: int) -> ExportInfo:
 
 
 def export_to_dir(
-    session: Session, contract_id: str, out: Path, tree_size: int | None = None
+    session: Session,
+    contract_id: str,
+    out: Path,
+    tree_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportInfo:
     """Write the export into directory ``out`` (created if needed); the checkpoint last,
     each file written whole then renamed into place, so an interrupted export never
-    leaves a checkpoint over missing tiles."""
+    leaves a checkpoint over missing tiles.  ``progress(done, total)`` is called after
+    each file."""
     cp = find_checkpoint(session, contract_id, tree_size)
     out = Path(out)
+    total = len(tiles.tiles_for_size(cp.tree_size)) + 1
     n = 0
     for rel, data in export_files(session, contract_id, cp.tree_size):
         path = out / rel
@@ -138,6 +144,8 @@ def export_to_dir(
         tmp.write_bytes(data)
         os.replace(tmp, path)
         n += 1
+        if progress is not None:
+            progress(n, total)
     return _info(cp, n)
 
 

@@ -14,8 +14,9 @@ it is the rightmost, *partial* tile of its level and its path ends in ``.p/<W>``
 ``1 <= W <= 255``. ``<N>`` is written in groups of three decimal digits, every group but
 the last prefixed with ``x``: 1234067 → ``x001/x234/067``, 5 → ``005``.  Level ``L``
 exists while the tree has at least one perfect node of height ``8·L``
-(``size >> 8L > 0``). Byte-compatible with Go's ``golang.org/x/mod/sumdb/tlog``
-(``Tile.Path``) and the tile layout of Sunlight and Tessera.
+(``size >> 8L > 0``). The layout of C2SP logs such as Sunlight and Tessera; the tiles'
+contents equal Go's ``golang.org/x/mod/sumdb/tlog`` tiles of height 8, whose older
+sumdb paths differ only by an extra height element (``tile/8/<L>/<N>``).
 """
 
 from __future__ import annotations

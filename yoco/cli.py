@@ -414,10 +414,17 @@ def ledger_export_log(
     Writes checkpoint, tile/entries/... (the entries' exact bytes) and tile/<L>/...
     (hash tiles): check them offline with yoco-verify DIR --public-key KEY (docs/audit.md).
     """
+    from rich.progress import Progress
+
     from ledger.export import export_to_dir
 
-    with application() as ctx:
-        info = _unit(ctx, lambda s: export_to_dir(s, contract_id, out_dir, checkpoint))
+    with application() as ctx, Progress(console=err, transient=True) as bar:
+        task = bar.add_task("exporting the log", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        info = _unit(ctx, lambda s: export_to_dir(s, contract_id, out_dir, checkpoint, tick))
     out.print(
         f"exported {info.contract_id}: {info.tree_size} entries up to checkpoint "
         f"{info.tree_size} (root {info.root_hash.hex()}), {info.files} files in {out_dir}",
