@@ -221,6 +221,12 @@ def test_between_two_reports_lists_every_correction(
     size = recorded.body["checkpoint_tree_size"]
     assert f"report 2026-03 (checkpoint {size}): covered (month) was '6', the entries now give '5'" in out
     assert f"report 2026-03 (checkpoint {size}): excluded (year to date) was '2', the entries now give '3'" in out
+    # A report issued over an older checkpoint still checks against the newer download:
+    # its figures are recomputed from the entries under its own checkpoint only.
+    stem = world["reports"]["C-TIP 2026-03"]
+    code, out = verify(capsys, new, "-k", world["key"], "--report", f"{stem}.pdf")
+    assert code == 0, out
+    assert "Excluded failures (month): 2  matches" in out
     # A rewritten history: a validly signed head of the old size with another root.
     cp = note.parse_checkpoint(note.unverified_text((old / "checkpoint").read_text()))
     forged = world["tmp"] / "forged-checkpoint"
