@@ -8,9 +8,11 @@ a figure differs, or an input cannot be read (each problem is printed with its r
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +115,6 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
             f"  checkpoint: the report is of log {b.get('log')!r}, the export of {log.origin!r}"
         )
         return
-    import base64
-
     root = base64.b64encode(log.prefix_root(size)).decode()
     if b.get("root_hash") != root:
         out.bad(
@@ -129,8 +129,6 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
     except ValueError as exc:
         raise VerifyError(f"{path.name}: cannot recompute: {exc}") from None
     if sub.latest_time is not None:
-        from datetime import datetime
-
         as_of = datetime.fromisoformat(str(b["as_of"]))
         if sub.latest_time > as_of:
             out.bad(
