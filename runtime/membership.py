@@ -167,7 +167,7 @@ class Membership:
                 # behind that wait: the job hung after a kill-all with a spare called in.
                 store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
                 result["store"] = store
-                base = dist.PrefixStore(f"g{gen}/{prefix}/", store)
+                base = dist.PrefixStore(P.group_prefix(gen, prefix), store)
                 gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", base), rank, size,
                                              timeout)
                 result["cpu"] = gloo

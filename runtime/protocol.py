@@ -42,6 +42,13 @@ def plan_key(gen: int) -> str:
     return f"g{gen}/plan"
 
 
+def group_prefix(gen: int, name: str) -> str:
+    """Store prefix under which generation ``gen`` builds its group ``name`` (``pg``: all
+    participants; ``train``: the members without the donors); ``gloo/`` and ``nccl/``
+    sub-prefixes hold each backend's rendezvous."""
+    return f"g{gen}/{name}/"
+
+
 def ready_key(gen: int) -> str:
     """Key rank 0 sets after the first completed step of generation ``gen``."""
     return f"g{gen}/ready"
