@@ -43,7 +43,7 @@ from billing.years import year_of
 from ledger.models import Contract, Failure
 from ledger.projections import ProjectedEntry, ProjectionError, Projector
 
-__all__ = ["BILLING_KINDS", "LATE_KINDS", "PROJECTORS", "TABLES", "project_billing"]
+__all__ = ["BILLING_KINDS", "KINDS", "LATE_KINDS", "PROJECTORS", "TABLES", "project_billing"]
 
 #: Entry kinds billing owns.
 BILLING_KINDS = frozenset(
@@ -63,6 +63,8 @@ BILLING_KINDS = frozenset(
 )
 #: Kinds that can change a closed year's figures.
 LATE_KINDS = frozenset({"failure", "outcome", "exclusion", "reclassification"})
+#: Every kind :func:`project_billing` reads (a replay may skip the others).
+KINDS = BILLING_KINDS | LATE_KINDS
 
 
 def _uuid(value: Any) -> uuid.UUID:

@@ -60,13 +60,18 @@ class CheckpointRefused(LedgerError):
 
 
 class VerificationFailed(LedgerError):
-    """The stored journal does not match its hashes, tree or signed checkpoints."""
+    """The stored journal does not match its hashes, tree or signed checkpoints,
+    or a projection does not match the journal (``table``, ``key``, ``column``)."""
 
     def __init__(self, message: str, *, log_id: str | None = None, seq: int | None = None,
-                 event_id: str | None = None) -> None:
+                 event_id: str | None = None, table: str | None = None,
+                 key: dict[str, object] | None = None, column: str | None = None) -> None:
         self.log_id = log_id
         self.seq = seq
         self.event_id = event_id
+        self.table = table
+        self.key = key
+        self.column = column
         super().__init__(message)
 
 

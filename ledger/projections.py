@@ -9,7 +9,7 @@ the live tables exactly.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -56,6 +56,10 @@ class ProjectionError:
 #: Extra projectors for kinds other packages own (billing), wired by the composition root.
 Projector = Callable[[Session, Sequence[ProjectedEntry]], list[ProjectionError]]
 
+#: The entry kinds the ledger's own projections read; every other kind leaves them as they
+#: are, so a replay may skip it (``yoco ledger verify`` replays only projected kinds).
+KINDS = frozenset({"contract", "job_started", "job_finished", "failure", "outcome", "exclusion"})
+
 
 def _dec(value: Any) -> Decimal:
     if isinstance(value, bool):
@@ -63,7 +67,9 @@ def _dec(value: Any) -> Decimal:
     if isinstance(value, int):
         return Decimal(value)
     if isinstance(value, float):
-        return Decimal(repr(value))
+        # As the canonical bytes say it (RFC 8785: 2.0 is written 2), so that a value
+        # projected at ingest and the same value replayed from the journal are one text.
+        return Decimal(int(value)) if value.is_integer() else Decimal(repr(value))
     return Decimal(str(value))
 
 
@@ -283,8 +289,26 @@ def rebuild(
 
     Logs are replayed in (log, seq) order in batches, through :func:`project`.
     """
-    extra = list(extra)
     clear(session, extra_tables)
+    return replay(session, extra, batch=batch, progress=progress)
+
+
+def replay(
+    session: Session,
+    extra: Iterable[Projector] = (),
+    *,
+    kinds: Collection[str] | None = None,
+    batch: int = 20000,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Apply the journal's entries (all, or only ``kinds``) to the projection tables in view.
+
+    Entries go through :func:`project` in (log, seq) order, in batches; returns how many
+    were replayed.  ``kinds`` may leave out only kinds no projector reads (see
+    :data:`KINDS`): a projector must see every entry of the kinds it owns.
+    """
+    extra = list(extra)
+    wanted = sorted(kinds) if kinds is not None else None
     done = 0
     last: tuple[str, int] | None = None
     while True:
@@ -296,6 +320,8 @@ def rebuild(
             JournalEntry.occurred_at,
             JournalEntry.body,
         ).order_by(JournalEntry.log_id, JournalEntry.seq)
+        if wanted is not None:
+            q = q.where(JournalEntry.kind.in_(wanted))
         if last is not None:
             q = q.where(tuple_(JournalEntry.log_id, JournalEntry.seq) > last)
         rows = session.execute(q.limit(batch)).all()

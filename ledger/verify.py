@@ -7,15 +7,19 @@
   its queryable copy (jsonb body, kind, event id) says what the bytes say;
 * every stored perfect-subtree node equals the one recomputed from the leaves;
 * every signed checkpoint has a valid signature and the root recomputed at
-  its size.
+  its size;
 
-It stops at the first problem and names the entry.
+and then (:func:`verify_projections`) that every projection table a figure is
+computed from (failures, outcomes, job spans, billing's tables, ...) holds exactly
+the rows a replay of the journal gives: no row edited, missing or added.
+
+It stops at the first problem and names the entry, or the table, row and column.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +29,8 @@ from sqlalchemy.orm import Session
 
 from ledger import merkle, note
 from ledger.errors import NoteError, VerificationFailed
-from ledger.models import Checkpoint, LedgerLog
+from ledger.models import PROJECTION_TABLES, Checkpoint, LedgerLog
+from ledger.projections import Projector
 
 
 @dataclass(slots=True)
@@ -37,6 +42,9 @@ class VerifyReport:
     nodes: int = 0
     checkpoints: int = 0
     roots: dict[str, str] = field(default_factory=dict)
+    #: Projection tables compared with the journal's replay, and their rows.
+    projection_tables: int = 0
+    projection_rows: int = 0
 
 
 def _levels(leaves: list[bytes]) -> list[list[bytes]]:
@@ -269,15 +277,150 @@ def verify_all(
     session: Session,
     verifier: note.Verifier | None,
     progress: Callable[[int], None] | None = None,
+    *,
+    extra: Iterable[Projector] = (),
+    extra_tables: Sequence[str] = (),
+    kinds: Collection[str] | None = None,
 ) -> VerifyReport:
-    """Verify every log; raise :class:`VerificationFailed` at the first problem."""
+    """Verify every log, then every projection; raise :class:`VerificationFailed` at the first.
+
+    A problem is named: the entry, or the projection table, row and column.
+
+    ``extra`` / ``extra_tables`` are the projectors and tables of packages above the
+    ledger (billing), as for :func:`ledger.projections.rebuild`; ``kinds`` the entry
+    kinds some projector reads (None: replay every entry).
+    """
     report = VerifyReport()
     for log_id, size in session.execute(
         select(LedgerLog.log_id, LedgerLog.size).order_by(LedgerLog.log_id)
     ).all():
         verify_log(session, log_id, size, verifier, report, progress)
         report.logs += 1
+    verify_projections(session, report, extra=extra, extra_tables=extra_tables, kinds=kinds)
     return report
+
+
+def _pk_columns(session: Session, schema: str, table: str) -> list[str]:
+    """The primary key's columns of ``schema.table``, in key order (from the catalog)."""
+    cols = session.execute(
+        text(
+            "SELECT a.attname FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(:t) AND i.indisprimary "
+            "ORDER BY array_position(i.indkey::int2[], a.attnum)"
+        ),
+        {"t": f"{_ident(schema)}.{_ident(table)}"},
+    ).scalars().all()
+    assert cols, f"projection table {table} has no primary key"
+    return list(cols)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _differs(a: Any, b: Any) -> bool:
+    # Decimal('1.0') == Decimal('1.00'), but the stored text differs: compare both ways.
+    return a != b or str(a) != str(b)
+
+
+def verify_projections(
+    session: Session,
+    report: VerifyReport | None = None,
+    *,
+    extra: Iterable[Projector] = (),
+    extra_tables: Sequence[str] = (),
+    kinds: Collection[str] | None = None,
+) -> VerifyReport:
+    """Check every projection table against a replay of the journal; raise at the first difference.
+
+    The journal is replayed through the very code that writes the projections
+    (:func:`ledger.projections.replay`) into empty temporary tables of the same names
+    and shapes, which shadow the stored ones inside a savepoint (temporary tables come
+    first in name resolution; ``search_path`` is set to make that explicit and to make
+    the server re-parse statements prepared on this connection before).  Each stored
+    table is then compared with its replay row by row (full outer join on the primary
+    key, rows compared as text, so 1.0 and 1.00 differ), in key order.  The savepoint
+    is rolled back: nothing is left behind and nothing stored is changed.
+    """
+    from ledger.projections import replay
+
+    report = report or VerifyReport()
+    tables = [*PROJECTION_TABLES, *extra_tables]
+    schema = session.execute(text("SELECT current_schema()")).scalar_one()
+    keys = {t: _pk_columns(session, schema, t) for t in tables}
+    savepoint = session.begin_nested()
+    try:
+        session.execute(text(f"SET LOCAL search_path = pg_temp, {_ident(schema)}"))
+        for t in tables:
+            session.execute(
+                text(
+                    f"CREATE TEMPORARY TABLE {_ident(t)} "
+                    f"(LIKE {_ident(schema)}.{_ident(t)} INCLUDING ALL) ON COMMIT DROP"
+                )
+            )
+            # Never replay into the stored tables: the name must now mean the temporary one.
+            persistence = session.execute(
+                text("SELECT relpersistence FROM pg_class WHERE oid = to_regclass(:t)"),
+                {"t": _ident(t)},
+            ).scalar_one()
+            assert persistence == "t", f"{t} does not resolve to the temporary table"
+        replay(session, extra, kinds=kinds)
+        for t in tables:
+            report.projection_rows += _compare(session, schema, t, keys[t])
+            report.projection_tables += 1
+    finally:
+        savepoint.rollback()
+    return report
+
+
+def _compare(session: Session, schema: str, table: str, key: list[str]) -> int:
+    """Compare ``schema.table`` with its replay ``pg_temp.table``; return the row count."""
+    stored = f"{_ident(schema)}.{_ident(table)}"
+    replayed = f"pg_temp.{_ident(table)}"
+    on = " AND ".join(f"s.{_ident(k)} = e.{_ident(k)}" for k in key)
+    order = ", ".join(f"coalesce(s.{_ident(k)}, e.{_ident(k)})" for k in key)
+    first = session.execute(
+        text(
+            f"SELECT s.{_ident(key[0])} IS NULL, e.{_ident(key[0])} IS NULL, "
+            + ", ".join(f"coalesce(s.{_ident(k)}, e.{_ident(k)})" for k in key)
+            + f" FROM {stored} AS s FULL JOIN {replayed} AS e ON {on} "
+            "WHERE s::text IS DISTINCT FROM e::text "
+            f"ORDER BY {order} LIMIT 1"
+        )
+    ).first()
+    if first is None:
+        return int(session.execute(text(f"SELECT count(*) FROM {stored}")).scalar_one())
+    missing, added, *values = first
+    where = dict(zip(key, values, strict=True))
+    named = ", ".join(f"{k}={v}" for k, v in where.items())
+    if missing:
+        raise VerificationFailed(
+            f"projection {table}: row ({named}) is missing: the journal gives it but the "
+            "table does not hold it (a row was deleted)",
+            table=table,
+            key=where,
+        )
+    if added:
+        raise VerificationFailed(
+            f"projection {table}: row ({named}) is not in the journal: no entry gives it "
+            "(a row was added)",
+            table=table,
+            key=where,
+        )
+    cond = " AND ".join(f"{_ident(k)} = :k{i}" for i, k in enumerate(key))
+    params = {f"k{i}": v for i, v in enumerate(values)}
+    have = session.execute(text(f"SELECT * FROM {stored} WHERE {cond}"), params).mappings().one()
+    want = session.execute(text(f"SELECT * FROM {replayed} WHERE {cond}"), params).mappings().one()
+    column = next((c for c in have if _differs(have[c], want[c])), None)
+    assert column is not None, f"{table} ({named}) differs in text but not in any column"
+    raise VerificationFailed(
+        f"projection {table}: row ({named}), column {column}: stored {have[column]!r}, "
+        f"the journal gives {want[column]!r} (the row was edited)",
+        table=table,
+        key=where,
+        column=column,
+    )
 
 
 def total_entries(session: Session) -> int:

@@ -79,6 +79,13 @@ class App:
         """Projection tables of packages above the ledger, emptied by a rebuild."""
         return list(extra_projection_tables())
 
+    @property
+    def projected_kinds(self) -> frozenset[str]:
+        """Every entry kind some projection reads (ledger's and billing's)."""
+        from ledger.projections import KINDS
+
+        return KINDS | extra_projected_kinds()
+
     def close(self) -> None:
         """Release connections (the embedded server stops when the process exits)."""
         if "engine" in self.__dict__:
@@ -106,3 +113,9 @@ def extra_projection_tables() -> tuple[str, ...]:
     """Tables of the projectors of :func:`extra_projectors`, children first."""
     module = _billing_projections()
     return tuple(module.TABLES) if module else ()
+
+
+def extra_projected_kinds() -> frozenset[str]:
+    """Entry kinds the projectors of :func:`extra_projectors` read."""
+    module = _billing_projections()
+    return frozenset(module.KINDS) if module else frozenset()

@@ -237,10 +237,17 @@ def run_demo(
         highlight=False,
     )
     with unit_of_work(ctx.engine) as s:
-        report = verify_all(s, ctx.verifier)
+        report = verify_all(
+            s,
+            ctx.verifier,
+            extra=ctx.projectors,
+            extra_tables=ctx.projection_tables,
+            kinds=ctx.projected_kinds,
+        )
     console.print(
         f"verified: {report.entries} entries, {report.nodes} Merkle nodes, "
-        f"{report.checkpoints} signed checkpoints — all match"
+        f"{report.checkpoints} signed checkpoints, {report.projection_rows} projection rows "
+        "— all match"
     )
 
     with unit_of_work(ctx.engine) as s:
