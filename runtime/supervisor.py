@@ -850,6 +850,9 @@ class Supervisor:
                                  outcome=Outcome.LIVE_MIGRATED)
         self.moving.add(mv.slot)
         self.killed_at = None
+        # Every generation change is logged, moves included (not only recoveries).
+        log.warning("generation %d: %s move off %s onto %s, members %s", self.gen + 1,
+                    mv.failure_class, mv.slot, spare, members)
         self._publish(P.Plan(gen=self.gen + 1, mode=P.PlanMode.MOVE, members=members,
                              donors=donors))
 

@@ -107,3 +107,81 @@ def test_recovers_after_the_owning_process_was_sigkilled(data_dir: Path) -> None
     finally:
         if holder.poll() is None:
             holder.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered")
+
+
+@pytest.mark.slow
+def test_sigterm_to_yoco_serve_stops_the_embedded_server(data_dir: Path) -> None:
+    # What systemd and Kubernetes send: `kill PID`. The portal stops gracefully and the
+    # embedded PostgreSQL is stopped with it, leaving no stale handle behind.
+    up = subprocess.run(
+        [*YOCO, "db", "upgrade"], env=_env(data_dir), capture_output=True, text=True, timeout=120
+    )
+    assert up.returncode == 0, up.stderr
+    port = _free_port()
+    serve = subprocess.Popen(
+        [*YOCO, "serve", "--port", str(port), "--close-due-every", "0"],
+        env=_env(data_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/login", serve)
+        server = _server_pid(data_dir / "pgdata")
+        assert server is not None
+        handles = json.loads((data_dir / "pgdata" / ".handle_pids.json").read_text())
+        assert serve.pid in handles
+        serve.send_signal(signal.SIGTERM)
+        _, stderr = serve.communicate(timeout=60)
+        assert serve.returncode == 0, stderr
+        assert _wait_gone(server), "the embedded PostgreSQL outlived yoco serve"
+        assert _server_pid(data_dir / "pgdata") is None
+        handles_file = data_dir / "pgdata" / ".handle_pids.json"
+        if handles_file.exists():
+            assert serve.pid not in json.loads(handles_file.read_text() or "[]")
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(10)
+
+
+def test_yoco_serve_on_a_busy_port_exits_2_naming_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [*YOCO, "serve", "--port", str(port)],
+            env=_env(tmp_path / "data"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert not (tmp_path / "data" / "pgdata").exists()  # refused before starting anything

@@ -149,29 +149,46 @@ def close_due_cmd(
     now: Annotated[
         str | None, typer.Option(help="As of, ISO 8601 with offset (default: now).")
     ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="When another run is in progress, wait for it and then "
+                     "run (default: leave the work to it and exit 0)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Close every contract year that has ended and is not closed yet."""
-    from billing.closing import close_due
+    """Close every contract year that has ended and is not closed yet (the scheduler's run).
+
+    Credits are claim-free: `yoco serve` runs this every hour in the background, and a
+    cron entry, systemd timer or Kubernetes CronJob can run it too (deploy/). Idempotent
+    and safe from several places at once: a run takes a PostgreSQL advisory lock, and a
+    run that finds another one at work does nothing (exit 0). A year is never closed
+    twice and never gets two credits.
+    """
+    from billing.schedule import close_due_run
 
     at = _now(now)
     with application() as ctx:
-        results = _unit(
+        run = _unit(
             ctx,
-            lambda s: close_due(
+            lambda s: close_due_run(
                 s,
                 now=at,
                 signer=ctx.signer,
                 origin_prefix=ctx.settings.log_origin,
                 include_pending=include_pending,
+                wait=wait,
             ),
         )
+    if not run.ran:
+        err.print("another close-due run is in progress; it closes what is due (nothing done)")
     if as_json:
-        _print_json([r.to_json() for r in results])
+        _print_json([r.to_json() for r in run.results])
         return
-    if not results:
+    if not run.ran:
+        return
+    if not run.results:
         out.print("nothing to close")
-    for r in results:
+    for r in run.results:
         _print_close(r)
 
 
@@ -181,18 +198,30 @@ def status_cmd(
     year: Annotated[int, typer.Option("--year", help="Contract year K.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Whether a contract year is closed (or pending an adjustment), and its credit."""
+    """Whether a contract year is open, ended and closing, or closed; and its credit.
+
+    Ended years are closed automatically (by `yoco serve`'s scheduler or a close-due
+    timer); the status says when the year's credit, if the guarantee is missed, is issued.
+    """
+    from billing.schedule import year_phase
     from billing.services import credit_status, year_status
 
     with application() as ctx:
-        st, cr = _unit(
-            ctx, lambda s: (year_status(s, contract_id, year), credit_status(s, contract_id, year))
+        st, cr, phase = _unit(
+            ctx,
+            lambda s: (
+                year_status(s, contract_id, year),
+                credit_status(s, contract_id, year),
+                year_phase(s, contract_id, year),
+            ),
         )
     if as_json:
-        _print_json({"contract_id": contract_id, "year": year, "close": st, "credit": cr})
+        _print_json({"contract_id": contract_id, "year": year, "close": st, "credit": cr,
+                     "phase": phase.to_json()})
         return
     if st is None:
-        out.print(f"{contract_id} year {year}: not closed")
+        out.print(f"{contract_id} year {year}: {phase.label} — {phase.credit_note}",
+                  highlight=False)
     else:
         out.print(
             f"{contract_id} year {year}: closed at {st['closed_at']}, guarantee "

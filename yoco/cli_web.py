@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from yoco.cli import application, err, fail, out
+
+if TYPE_CHECKING:
+    from yoco.app import App
 
 users_app = typer.Typer(help="Portal users: customers' people, operators, finance.",
                         no_args_is_help=True)
@@ -30,12 +33,25 @@ def serve(
                      "keeps its own figures and page caches; sessions and rate limits are "
                      "in the database."),
     ] = 1,
+    close_due_every: Annotated[
+        float,
+        typer.Option(min=0, help="Minutes between the background runs that close ended "
+                     "contract years and issue their credits (0: off, e.g. when a cron "
+                     "entry or CronJob runs `yoco billing close-due` instead)."),
+    ] = 60.0,
 ) -> None:
-    """Run the portal and the JSON API (uvicorn), on the embedded database by default."""
-    import os
+    """Run the portal and the JSON API (uvicorn), on the embedded database by default.
 
-    import uvicorn
+    In the background it closes ended contract years and issues their credits (see
+    --close-due-every). SIGTERM or Ctrl-C stop it gracefully: requests in flight finish,
+    and the embedded PostgreSQL is stopped when no other yoco process uses it.
 
+    Exit status: 0 stopped (SIGTERM, SIGINT), 2 refused options (e.g. the port is in
+    use), 1 the server failed.
+    """
+    import signal
+
+    _check_port(host, port)
     with application() as ctx:
         url = ctx.database.url  # starts the embedded server now, before uvicorn
         from yoco.database import redact
@@ -43,30 +59,76 @@ def serve(
         err.print(f"database: {redact(url)}", highlight=False, soft_wrap=True)
         err.print(f"portal on http://{host}:{port}/  (API schema: /api/openapi.json)"
                   + (f", {workers} workers" if workers > 1 else ""), highlight=False)
-        options: dict[str, object] = {
-            "host": host,
-            "port": port,
-            "proxy_headers": proxy_headers,
-            "forwarded_allow_ips": "127.0.0.1" if proxy_headers else None,
-            "access_log": False,
-            "log_level": "info",
-        }
-        if workers == 1:
-            from web.app import create_app
+        # uvicorn handles SIGTERM gracefully, then restores the previous handler and
+        # raises the signal again. With the default handler that would kill this process
+        # before `application()` releases its handle on the embedded PostgreSQL; this
+        # handler turns it into a normal exit, so the handle is released.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        scheduler = None
+        if close_due_every > 0:
+            from yoco.scheduler import CloseDueScheduler
 
-            uvicorn.run(create_app(ctx), **options)  # type: ignore[arg-type]
-            return
-        # Worker processes build their own app from the environment: point them at the
-        # database this process has started (the embedded server lives as long as we do)
-        # and at the same data folder (the cookie secret and the signing keys).
-        os.environ["DATABASE_URL"] = url
-        os.environ["YOCO_DATA_DIR"] = str(ctx.settings.data_dir)
-        if not os.environ.get("YOCO_WEB_SECRET_KEY"):
-            from web.settings import WebSettings, resolve_secret
+            scheduler = CloseDueScheduler(ctx, close_due_every * 60)
+            scheduler.start()
+            err.print(f"closing ended contract years every {close_due_every:g} min "
+                      "(credits issued without a claim)", highlight=False)
+        try:
+            _run_uvicorn(ctx, url, workers, options={
+                "host": host,
+                "port": port,
+                "proxy_headers": proxy_headers,
+                "forwarded_allow_ips": "127.0.0.1" if proxy_headers else None,
+                "access_log": False,
+                "log_level": "info",
+            })
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
 
-            resolve_secret(WebSettings(), ctx.settings.data_dir)  # created once, here
-        uvicorn.run("web.app:app_from_environment", factory=True, workers=workers,
-                    **options)  # type: ignore[arg-type]
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (re-raised by uvicorn after its graceful shutdown): a normal exit."""
+    raise SystemExit(0)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit 2 with a clear message when ``host:port`` cannot be listened on."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        fail(f"--host {host!r}: {exc}")
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+                 "running there? choose another --port)")
+
+
+def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -> None:
+    import os
+
+    import uvicorn
+
+    if workers == 1:
+        from web.app import create_app
+
+        uvicorn.run(create_app(ctx), **options)
+        return
+    # Worker processes build their own app from the environment: point them at the
+    # database this process has started (the embedded server lives as long as we do)
+    # and at the same data folder (the cookie secret and the signing keys).
+    os.environ["DATABASE_URL"] = url
+    os.environ["YOCO_DATA_DIR"] = str(ctx.settings.data_dir)
+    if not os.environ.get("YOCO_WEB_SECRET_KEY"):
+        from web.settings import WebSettings, resolve_secret
+
+        resolve_secret(WebSettings(), ctx.settings.data_dir)  # created once, here
+    uvicorn.run("web.app:app_from_environment", factory=True, workers=workers, **options)
 
 
 def _password(from_stdin: bool) -> str:

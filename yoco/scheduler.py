@@ -1,0 +1,71 @@
+"""The product's own scheduler: closes ended contract years in the background.
+
+``yoco serve`` starts one :class:`CloseDueScheduler` (a daemon thread of the serving
+process, not of each uvicorn worker) that runs :func:`billing.schedule.close_due_run`
+at start-up and then every ``every`` seconds, so credits are issued without anyone
+asking. Runs from several places at once are safe (see :mod:`billing.schedule`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from billing.schedule import DueRun, close_due_run
+from yoco.app import App
+
+log = logging.getLogger("yoco.scheduler")
+
+
+class CloseDueScheduler:
+    """Run the close-due scheduler every ``every`` seconds in a daemon thread."""
+
+    def __init__(self, ctx: App, every: float) -> None:
+        if not every > 0:
+            raise ValueError("every: the scheduler's period must be positive (seconds)")
+        self.ctx = ctx
+        self.every = every
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> DueRun:
+        """One run, committed (or a no-op when another run holds the lock)."""
+        from yoco.database import unit_of_work
+
+        with unit_of_work(self.ctx.engine) as s:
+            run = close_due_run(
+                s, signer=self.ctx.signer, origin_prefix=self.ctx.settings.log_origin
+            )
+        self.runs += 1
+        if not run.ran:
+            log.info("close-due: another run holds the lock; nothing done")
+        for r in run.results:
+            credit = r.credit or {}
+            log.warning(
+                "close-due: %s year %d %s (guarantee %s)%s", r.contract_id, r.year, r.action,
+                "met" if r.guarantee_met else "missed",
+                f"; credit {credit.get('credit_note')} of {credit.get('amount')} "
+                f"{credit.get('currency')} issued" if r.credit_issued else "",
+            )
+        return run
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:  # a database outage must not end the scheduler
+                log.exception("close-due run failed; retrying in %.0f s", self.every)
+            self._stop.wait(self.every)
+
+    def start(self) -> None:
+        """Start the thread (the first run happens at once)."""
+        assert self._thread is None, "started twice"
+        self._thread = threading.Thread(target=self._loop, name="yoco-close-due", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the thread to stop and wait for a run in progress to finish."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
