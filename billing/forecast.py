@@ -21,6 +21,7 @@ year to date and chooses the priors (docs/risk.md, "Forecast during the year"):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -29,24 +30,29 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing import risk
+from billing import risk, sla
 from billing.amendments import InForce, contract_in_force
+from billing.errors import PeriodOutOfRange
 from billing.models import BillingYear
 from billing.money import credit_minor_units, format_minor, from_minor_units, minor_unit_exponent
 from billing.services import check_year, current_year, figures_for, load_period
-from billing.sla import is_resolved, latest_outcomes
 from billing.terms import Terms
 from billing.years import contract_year_bounds
 from ledger.contracts import list_contracts
+from ledger.records import ContractSpec
 
 __all__ = [
     "DEFAULT_LIVE_PRIOR",
     "HISTORY_WEIGHT",
     "WEIGHT_DAYS",
     "YearForecast",
+    "YearHistory",
+    "build_forecast",
     "forecast_contract_year",
+    "law_rate_mean",
     "live_history",
     "open_year_forecasts",
+    "previous_years",
 ]
 
 #: Prior of the live-resolution probability before any history (mean 0.95, ten failures).
@@ -126,16 +132,45 @@ def _days(a: datetime, b: datetime) -> float:
     return max((b - a).total_seconds(), 0.0) / _DAY
 
 
-def _law_rate(
-    session: Session, contract_id: str, terms: Terms, start: datetime, stop: datetime
+@dataclass(frozen=True, slots=True, kw_only=True)
+class YearHistory:
+    """A contract's previous contract years, summed: what the priors learn from."""
+
+    years: int
+    covered: int
+    resolved: int
+    unresolved: int
+    days: float
+
+    @classmethod
+    def from_figures(cls, figures: Sequence[sla.SlaFigures]) -> YearHistory | None:
+        """The sum of previous years' figures (None when there is none)."""
+        if not figures:
+            return None
+        return cls(
+            years=len(figures),
+            covered=sum(f.covered_failures for f in figures),
+            resolved=sum(f.resolved_failures for f in figures),
+            unresolved=sum(
+                f.covered_failures - f.resolved_failures - f.pending_failures for f in figures
+            ),
+            days=sum(_days(f.period_start, f.period_end) for f in figures),
+        )
+
+
+def law_rate_mean(
+    jobs: Iterable[sla.JobSpan], terms: Terms, start: datetime, stop: datetime
 ) -> float:
-    """Expected covered failures per day of the year's job spans under the published law."""
+    """Covered failures per day the published failure law expects of ``jobs`` in ``[start, stop)``.
+
+    Each span contributes its GPU-hours inside the interval × the law's per-job rate for
+    its size; times the covered share of the default class and cause mix under
+    ``terms``; divided by the interval's days (0 for an empty interval).
+    """
     if stop <= start:
         return 0.0
-    jobs = load_period(session, contract_id, start, stop).jobs
     law = risk.FailureLaw.fit()
-    model = risk.RiskModel(jobs=(risk.JobKind(gpus=1),), terms=terms)
-    covered = model.covered_share
+    covered = risk.RiskModel(jobs=(risk.JobKind(gpus=1),), terms=terms).covered_share
     expected = 0.0
     for j in jobs:
         lo = max(j.started_at, start)
@@ -143,6 +178,104 @@ def _law_rate(
         if hi > lo:
             expected += (hi - lo).total_seconds() / 3600 * law.rate_per_hour(j.gpus)
     return expected * covered / _days(start, stop)
+
+
+def build_forecast(
+    *,
+    contract: ContractSpec,
+    terms: Terms,
+    year: int,
+    figures: sla.SlaFigures,
+    until: datetime,
+    previous: YearHistory | None,
+    jobs: Iterable[sla.JobSpan],
+) -> YearForecast:
+    """The forecast of contract year ``year`` from its figures so far (pure).
+
+    ``figures`` are the year's figures counting failures up to ``until`` (the year to
+    date: ``figures.period_start`` is the year's start); the rest of the year, from
+    ``until`` to the year's end, is forecast.  ``previous`` sums the contract's earlier
+    years; ``jobs`` are the year's job spans (for the law prior when there is no earlier
+    year).  Priors as documented in this module and docs/risk.md.
+    """
+    start = figures.period_start
+    _, end = contract_year_bounds(contract.start_date, contract.timezone, year)
+    stop = min(max(until, start), end)
+    ytd = risk.YearToDate(
+        covered=figures.covered_failures,
+        resolved=figures.resolved_failures,
+        pending=figures.pending_failures,
+        elapsed_days=_days(start, stop),
+        remaining_days=_days(stop, end),
+    )
+    if previous is not None and previous.days > 0:
+        rate_mean = previous.covered / previous.days
+        span = "1" if previous.years == 1 else f"1-{previous.years}"
+        rate_basis = (
+            f"contract year{'s' if previous.years > 1 else ''} {span}: {previous.covered} "
+            f"covered failures in {previous.days:.0f} days"
+        )
+    else:
+        rate_mean = law_rate_mean(jobs, terms, start, stop)
+        rate_basis = (
+            "published failure law over this year's job spans"
+            if rate_mean > 0
+            else "no history and no job spans yet"
+        )
+    rate_prior = risk.RatePrior.from_mean(rate_mean, WEIGHT_DAYS)
+    hist = 0 if previous is None else previous.resolved + previous.unresolved
+    if previous is not None and hist > 0:
+        scale = min(1.0, HISTORY_WEIGHT / hist)
+        live_prior = risk.LivePrior(
+            a=DEFAULT_LIVE_PRIOR.a + previous.resolved * scale,
+            b=DEFAULT_LIVE_PRIOR.b + previous.unresolved * scale,
+        )
+        live_basis = (
+            f"Beta(9.5, 0.5) + earlier years ({previous.resolved} resolved, "
+            f"{previous.unresolved} unresolved, weighted {scale:.2f})"
+        )
+    else:
+        live_prior = DEFAULT_LIVE_PRIOR
+        live_basis = "Beta(9.5, 0.5): mean 0.95, worth ten failures"
+    fc = risk.forecast_year(ytd, terms.threshold_percent, rate_prior, live_prior)
+    credit = credit_minor_units(contract.credit_base, terms.credit_percent, contract.currency)
+    exp = minor_unit_exponent(contract.currency)
+    expected = (Decimal(repr(fc.p_miss)) * from_minor_units(credit, contract.currency)).quantize(
+        Decimal(1).scaleb(-exp), rounding=ROUND_HALF_UP
+    )
+    return YearForecast(
+        contract_id=contract.contract_id,
+        customer=contract.customer,
+        year=year,
+        period_start=start,
+        period_end=end,
+        now=stop,
+        currency=contract.currency,
+        threshold_percent=terms.threshold_percent,
+        ytd=ytd,
+        forecast=fc,
+        credit_if_missed_minor=credit,
+        expected_credit=expected,
+        rate_prior=rate_prior,
+        rate_prior_basis=rate_basis,
+        live_prior=live_prior,
+        live_prior_basis=live_basis,
+        guarantee_met_so_far=figures.guarantee_met,
+    )
+
+
+def previous_years(
+    session: Session, contract: ContractSpec, terms: Terms, year: int, now: datetime
+) -> YearHistory | None:
+    """The contract's years before ``year`` summed (their figures as of ``now``), or None.
+
+    Uses every entry recorded so far and ``terms`` (the year's) for coverage.
+    """
+    figs = []
+    for j in range(1, year):
+        ps, pe = contract_year_bounds(contract.start_date, contract.timezone, j)
+        figs.append(figures_for(session, contract, ps, pe, now, terms))
+    return YearHistory.from_figures(figs)
 
 
 def forecast_contract_year(
@@ -171,81 +304,21 @@ def forecast_contract_year(
     contract, terms = in_force.contract, in_force.terms
     start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
     if start > now:
-        from billing.errors import PeriodOutOfRange
-
         raise PeriodOutOfRange(
             f"year {k} of contract {contract_id!r} starts {start.isoformat()}, after "
             f"{now.isoformat()}: nothing to forecast yet"
         )
     stop = min(end, now)
     fig = figures_for(session, contract, start, end, now, terms)
-    ytd = risk.YearToDate(
-        covered=fig.covered_failures,
-        resolved=fig.resolved_failures,
-        pending=fig.pending_failures,
-        elapsed_days=_days(start, stop),
-        remaining_days=_days(stop, end),
-    )
-    # Previous years of the contract (complete ones: they precede this year).
-    prev_cov = prev_res = prev_unres = 0
-    prev_days = 0.0
-    for j in range(1, k):
-        ps, pe = contract_year_bounds(contract.start_date, contract.timezone, j)
-        pf = figures_for(session, contract, ps, pe, now, terms)
-        prev_cov += pf.covered_failures
-        prev_res += pf.resolved_failures
-        prev_unres += pf.covered_failures - pf.resolved_failures - pf.pending_failures
-        prev_days += _days(ps, pe)
-    if prev_days > 0:
-        rate_mean = prev_cov / prev_days
-        rate_basis = (
-            f"contract years 1-{k - 1}: {prev_cov} covered failures in {prev_days:.0f} days"
-        )
-    else:
-        rate_mean = _law_rate(session, contract_id, terms, start, stop)
-        rate_basis = (
-            "published failure law over this year's job spans"
-            if rate_mean > 0
-            else "no history and no job spans yet"
-        )
-    rate_prior = risk.RatePrior.from_mean(rate_mean, WEIGHT_DAYS)
-    hist = prev_res + prev_unres
-    if hist > 0:
-        scale = min(1.0, HISTORY_WEIGHT / hist)
-        live_prior = risk.LivePrior(
-            a=DEFAULT_LIVE_PRIOR.a + prev_res * scale, b=DEFAULT_LIVE_PRIOR.b + prev_unres * scale
-        )
-        live_basis = (
-            f"Beta(9.5, 0.5) + contract years 1-{k - 1} ({prev_res} resolved, {prev_unres} "
-            f"unresolved, weighted {scale:.2f})"
-        )
-    else:
-        live_prior = DEFAULT_LIVE_PRIOR
-        live_basis = "Beta(9.5, 0.5): mean 0.95, worth ten failures"
-    fc = risk.forecast_year(ytd, terms.threshold_percent, rate_prior, live_prior)
-    credit = credit_minor_units(contract.credit_base, terms.credit_percent, contract.currency)
-    exp = minor_unit_exponent(contract.currency)
-    expected = (Decimal(repr(fc.p_miss)) * from_minor_units(credit, contract.currency)).quantize(
-        Decimal(1).scaleb(-exp), rounding=ROUND_HALF_UP
-    )
-    return YearForecast(
-        contract_id=contract.contract_id,
-        customer=contract.customer,
+    jobs = load_period(session, contract_id, start, stop).jobs if stop > start else []
+    return build_forecast(
+        contract=contract,
+        terms=terms,
         year=k,
-        period_start=start,
-        period_end=end,
-        now=now,
-        currency=contract.currency,
-        threshold_percent=terms.threshold_percent,
-        ytd=ytd,
-        forecast=fc,
-        credit_if_missed_minor=credit,
-        expected_credit=expected,
-        rate_prior=rate_prior,
-        rate_prior_basis=rate_basis,
-        live_prior=live_prior,
-        live_prior_basis=live_basis,
-        guarantee_met_so_far=fig.guarantee_met,
+        figures=fig,
+        until=now,
+        previous=previous_years(session, contract, terms, k, now),
+        jobs=jobs,
     )
 
 
@@ -301,11 +374,11 @@ def live_history(
     if now <= start:
         return out
     records = load_period(session, contract_id, start, now)
-    latest = latest_outcomes(records.outcomes)
+    latest = sla.latest_outcomes(records.outcomes)
     for f in records.failures:
         o = latest.get(f.event_id)
         if o is None:
             continue
         out[f.failure_class]["with_outcome"] += 1
-        out[f.failure_class]["live"] += int(is_resolved(o))
+        out[f.failure_class]["live"] += int(sla.is_resolved(o))
     return out

@@ -98,7 +98,7 @@ def test_previous_years_feed_the_priors_and_closed_years_leave_the_overview(
         assert fc.year == 2
         assert fc.rate_prior == risk.RatePrior.from_mean(9 / 365, WEIGHT_DAYS)
         assert fc.live_prior == risk.LivePrior(a=9.5 + 8, b=0.5 + 1)
-        assert "contract years 1-1" in fc.rate_prior_basis
+        assert fc.rate_prior_basis == "contract year 1: 9 covered failures in 365 days"
         before = open_year_forecasts(s, now=MID_Y2)
     # Year 1 of both contracts ended but is not closed: still open (only pending-free, so
     # decided); year 2 of each is running.
@@ -221,3 +221,33 @@ def test_cli_forecast_and_price_from_a_contract(yoco_env, engine, tmp_path: Path
     assert priced["contract"]["live_history"]["unplanned"] == {"with_outcome": 20, "live": 17}
     assert priced["gpu_hour_price"] == "3.00" and priced["term_years"] == 2
     assert counts(engine) == before  # read-only
+
+
+def test_build_forecast_is_pure_and_matches_the_service(engine) -> None:
+    """The builder the monthly report uses gives the service's forecast from the same data."""
+    from billing.amendments import contract_in_force
+    from billing.forecast import YearHistory, build_forecast, previous_years
+    from billing.services import figures_for, load_period
+
+    add_contract(engine)
+    y1, _ = failures(resolved=8, unresolved=1)
+    y2, _ = failures(resolved=5, unresolved=1, at=datetime(2026, 2, 1, tzinfo=UTC))
+    ingest_records(engine, y1 + y2 + [f.job_started("j", gpus=64, at=datetime(2026, 1, 5, tzinfo=UTC))])
+    with Session(engine) as s:
+        service = forecast_contract_year(s, "C-1", 2, now=MID_Y2)
+        inf = contract_in_force(s, "C-1", 2)
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        end = datetime(2027, 1, 1, tzinfo=UTC)
+        figs = figures_for(s, inf.contract, start, end, MID_Y2, inf.terms)
+        prev = previous_years(s, inf.contract, inf.terms, 2, MID_Y2)
+        jobs = load_period(s, "C-1", start, MID_Y2).jobs
+    assert prev == YearHistory(years=1, covered=9, resolved=8, unresolved=1, days=365.0)
+    built = build_forecast(contract=inf.contract, terms=inf.terms, year=2, figures=figs,
+                           until=MID_Y2, previous=prev, jobs=jobs)
+    assert built == service
+    # Observing less of the year leaves more to happen: the forecast is taken at `until`.
+    early = build_forecast(contract=inf.contract, terms=inf.terms, year=2, figures=figs,
+                           until=datetime(2026, 3, 1, tzinfo=UTC), previous=prev, jobs=jobs)
+    assert early.ytd.remaining_days == pytest.approx(306)
+    assert early.to_json()["as_of"] == "2026-03-01T00:00:00+00:00"
+    assert YearHistory.from_figures([]) is None
