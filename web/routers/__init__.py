@@ -19,6 +19,7 @@ from web.routers import (
     finance,
     operator,
     reports,
+    risk,
 )
 
 ROUTERS: tuple[APIRouter, ...] = (
@@ -29,6 +30,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     credits.router,
     checkpoints.router,
     operator.router,
+    risk.router,
     finance.router,
     api_docs.router,
     api_contracts.router,

@@ -1,0 +1,47 @@
+"""The SLA desk's risk view and the forecast on a contract page (TestClient, real database)."""
+
+from __future__ import annotations
+
+import re
+
+from billing.forecast import open_year_forecasts
+
+
+def _rows(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'data-contract="([^"]+)" data-year="(\d+)"', html)
+
+
+def test_operator_risk_view_lists_open_years_by_probability_and_by_credit(
+    app, client_for, seeded
+) -> None:
+    ctx, _ = seeded
+    op = client_for("op")
+    r = op.get("/operator/risk")
+    assert r.status_code == 200
+    html = r.text
+    assert "P(ends below)" in html and "Expected credit" in html
+    rows = _rows(html)
+    assert {c for c, _ in rows} == {"C-A", "C-A2", "C-B"}
+    # The same forecasts billing gives, in the same order (riskiest first).
+    from sqlalchemy.orm import Session
+
+    with Session(ctx.engine) as s:
+        want = open_year_forecasts(s, now=app.state.portal.now())
+    assert rows == [(f.contract_id, str(f.year)) for f in want]
+    ps = [f.p_miss for f in want]
+    assert ps == sorted(ps, reverse=True)
+    # Each row shows its probability and expected credit as billing computed them.
+    first = want[0]
+    assert f"{first.expected_credit} {first.currency}" in html
+    by_credit = op.get("/operator/risk", params={"by": "expected_credit"})
+    assert by_credit.status_code == 200
+    credits = sorted(want, key=lambda f: (-f.expected_credit, -f.p_miss, f.contract_id, f.year))
+    assert _rows(by_credit.text) == [(f.contract_id, str(f.year)) for f in credits]
+    assert op.get("/operator/risk", params={"by": "size"}).status_code in (400, 422)
+
+
+def test_risk_view_is_for_operators_only(client_for) -> None:
+    assert client_for("a").get("/operator/risk").status_code == 404
+    assert client_for("fin").get("/operator/risk").status_code in (403, 404)
+    anonymous = client_for().get("/operator/risk", follow_redirects=False)
+    assert anonymous.status_code in (303, 401)
