@@ -8,16 +8,19 @@ and compares the text with what the report shows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
-from billing.money import format_minor, minor_unit_exponent
+from billing import verdict as _verdict
+from billing.money import format_money
 from billing.sla import SlaFigures, decimal_string
 
 __all__ = [
     "Verdict",
     "cost_text",
+    "credit_text",
     "goodput_text",
     "grouped",
     "hours_text",
@@ -29,52 +32,22 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """Where the guarantee stands for a period: ``met``, ``at risk`` or ``missed``.
-
-    * missed: resolved × 100 < covered × threshold (for a period still running: so far);
-    * at risk: met, the period is still running, and one more unresolved covered failure
-      would bring it below the threshold;
-    * met: otherwise (including no covered failure at all).
-    """
-
-    word: str
-    css: str
-    text: str
-
-
-def verdict(resolved: int, covered: int, threshold: Decimal, closed: bool) -> Verdict:
-    """The :class:`Verdict` of ``resolved`` of ``covered`` against ``threshold`` percent."""
-    thr = format(threshold, "f")
-    if covered == 0:
-        return Verdict("met", "met", "no covered failures")
-    if resolved * 100 < covered * threshold:
-        if closed:
-            return Verdict("missed", "missed", f"below the guaranteed {thr} %")
-        return Verdict(
-            "missed", "missed", f"below the guaranteed {thr} % so far; the period is still open"
-        )
-    if not closed and resolved * 100 < (covered + 1) * threshold:
-        return Verdict(
-            "at risk",
-            "risk",
-            f"at or above {thr} % now, but one more unresolved failure would bring it below",
-        )
-    so_far = "" if closed else " so far"
-    return Verdict("met", "met", f"at or above the guaranteed {thr} %{so_far}")
+# The verdict is defined once, in billing.verdict (the portal and `yoco sla` use it too).
+Verdict = _verdict.Verdict
+verdict = _verdict.verdict
 
 
 def hours_text(seconds: Decimal) -> str:
-    """GPU-seconds as hours, six decimals, rounded half to even once."""
-    return decimal_string(Fraction(seconds) / 3600)
+    """GPU-seconds as hours: six decimals, rounded half to even once, with separators."""
+    return _verdict.format_number(Fraction(seconds) / 3600, 6)
 
 
-def rate_text(resolved: int, covered: int) -> str:
-    """``93.33% (14 of 15)``, or ``no covered failures``."""
+def rate_text(resolved: int, covered: int, threshold: Decimal | None = None) -> str:
+    """``93.33 % (14 of 15)`` (billing.verdict.format_rate: never written across the
+    threshold when one is given), or ``no covered failures``."""
     if covered == 0:
         return "no covered failures"
-    return f"{decimal_string(Fraction(resolved * 100, covered), 2)}% ({resolved} of {covered})"
+    return f"{_verdict.format_rate(resolved, covered, threshold)} ({resolved:,} of {covered:,})"
 
 
 def goodput_text(figs: SlaFigures) -> str:
@@ -103,8 +76,8 @@ def grouped(amount: str) -> str:
 
 
 def money_text(amount: Decimal, currency: str) -> str:
-    """``1,000,000.00 USD``."""
-    return f"{grouped(format(amount, 'f'))} {currency}"
+    """``1,000,000.00 USD`` (billing.money.format_money)."""
+    return format_money(amount, currency)
 
 
 def cost_text(seconds: Decimal, price: Decimal | None, currency: str) -> str | None:
@@ -112,9 +85,17 @@ def cost_text(seconds: Decimal, price: Decimal | None, currency: str) -> str | N
     unit, as ``1,234.57 USD``; None without a price."""
     if price is None:
         return None
-    exp = minor_unit_exponent(currency)
-    minor = round_half_up(Fraction(seconds) * Fraction(price) / 3600 * 10**exp)
-    return f"{grouped(format_minor(minor, currency))} {currency}"
+    return format_money(Fraction(seconds) * Fraction(price) / 3600, currency)
+
+
+def credit_text(credit: Mapping[str, Any], currency: str) -> str:
+    """A recorded credit as a report shows it: ``130,000.00 EUR (issued)``."""
+    cur = credit.get("currency") or currency
+    if credit.get("minor_units") is not None:
+        text = format_money(int(credit["minor_units"]), cur, minor=True)
+    else:
+        text = format_money(Decimal(str(credit["amount"])), cur)
+    return text + (f" ({credit['status']})" if credit.get("status") else "")
 
 
 def plain(d: Decimal) -> str:

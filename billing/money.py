@@ -14,6 +14,7 @@ __all__ = [
     "CURRENCY_EXPONENTS",
     "credit_minor_units",
     "format_minor",
+    "format_money",
     "from_minor_units",
     "minor_unit_exponent",
     "to_minor_units",
@@ -130,3 +131,37 @@ def credit_minor_units(base: Decimal, percent: Decimal, currency: str) -> int:
     exact = Fraction(b) * Fraction(p) * 10**exponent / 100
     # Half-up on a non-negative value: floor(x + 1/2).
     return math.floor(exact + Fraction(1, 2))
+
+
+def _half_up(value: Fraction) -> int:
+    """``value`` rounded to an integer, half away from zero (exact)."""
+    q = math.floor(abs(value) + Fraction(1, 2))
+    return q if value >= 0 else -q
+
+
+def format_money(amount: Decimal | Fraction | int, currency: str, *, minor: bool = False) -> str:
+    """An amount as people read it: ``"1,050,000.00 EUR"``, ``"250,001 JPY"``.
+
+    Thousands separators, exactly the currency's minor-unit decimals, then the code.
+    ``minor=True``: ``amount`` is an integer count of minor units.  An amount finer than
+    the minor unit (a cost of lost GPU-hours) is rounded once, half up, as credits are.
+    Never a float: raises ValueError for one, and for an unknown currency.
+    """
+    exponent = minor_unit_exponent(currency)
+    if isinstance(amount, (bool, float)):
+        raise ValueError(f"amount: expected a Decimal (never a float), got {amount!r}")
+    if minor:
+        if not isinstance(amount, int):
+            raise ValueError(f"minor: expected an integer count of minor units, got {amount!r}")
+        units = amount
+    else:
+        value = (
+            Fraction(_as_decimal("amount", amount))
+            if isinstance(amount, Decimal)
+            else Fraction(amount)
+        )
+        units = _half_up(value * 10**exponent)
+    sign = "-" if units < 0 else ""
+    whole, frac = divmod(abs(units), 10**exponent)
+    text = f"{whole:,}" + (f".{str(frac).rjust(exponent, '0')}" if exponent else "")
+    return f"{sign}{text} {currency}"

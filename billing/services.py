@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -31,6 +31,8 @@ from billing.errors import PeriodOutOfRange
 from billing.models import BillingYear, Credit, CreditApplication
 from billing.money import format_minor
 from billing.terms import Terms
+from billing.verdict import Verdict
+from billing.verdict import verdict as judge
 from billing.years import contract_year_bounds, month_bounds, year_of
 from ledger.contracts import get_contract
 from ledger.records import ContractSpec
@@ -75,6 +77,21 @@ class SlaReport:
     month: tuple[int, int] | None
     figures: sla.SlaFigures
     credit: dict[str, Any] | None = None
+    #: Set for the year to date as of an instant (``yoco sla --as-of``).
+    as_of: datetime | None = None
+
+    def verdict(self) -> Verdict:
+        """Where the guarantee stands for this period (:func:`billing.verdict.verdict`).
+
+        The period is *closed* once its figures are computed at or after its end; the
+        year to date ``as_of`` an instant is closed only when the instant ends the year.
+        """
+        f = self.figures
+        end = f.period_end
+        if self.as_of is not None and self.year is not None:
+            _, end = contract_year_bounds(self.contract.start_date, self.contract.timezone,
+                                          self.year)
+        return judge(f.resolved_failures, f.covered_failures, f.threshold_percent, f.now >= end)
 
     def to_json(self) -> dict[str, Any]:
         """The ``yoco sla --json`` object (DESIGN section 4 fields, and a few more)."""
@@ -88,8 +105,9 @@ class SlaReport:
             **body,
             "credit_percent": format(self.terms.credit_percent, "f"),
             "computed_at": self.figures.now.astimezone(UTC).isoformat(),
+            "standing": self.verdict().standing.value,
             "credit": self.credit,
-        }
+        } | ({"as_of": self.as_of.astimezone(UTC).isoformat()} if self.as_of else {})
 
 
 def terms_of(contract: ContractSpec) -> Terms:
@@ -318,19 +336,52 @@ def sla_figures(
     year: int | None = None,
     month: tuple[int, int] | None = None,
     now: datetime | None = None,
+    as_of: datetime | None = None,
 ) -> SlaReport:
-    """The figures of contract year ``year`` (default: the current one) or of ``month``.
+    """The figures of contract year ``year`` (default: the current one) or of ``month``,
+    or of the year to date ``as_of`` an instant.
 
     A month is a calendar month in the contract's time zone.  The contract and terms
     are those in force at the start of the year (of the year containing the month's
     first day), after amendments; a renewal extends the range of valid years.
+    ``as_of``: the contract year that the instant ends or falls in (the year ``k`` with
+    ``start < as_of <= end``), from its start to ``as_of`` and computed at ``as_of`` (at
+    ``now`` if that is earlier): the year-to-date column of a monthly report.
     ``credit`` is filled for years (:func:`credit_status`, short form).  Raises
-    :class:`~ledger.errors.UnknownContract` or :class:`PeriodOutOfRange`.
+    :class:`~ledger.errors.UnknownContract`, :class:`PeriodOutOfRange`, or ValueError for
+    a naive ``as_of`` or more than one of ``year``, ``month``, ``as_of``.
     """
     now = now or datetime.now(UTC)
+    if sum(x is not None for x in (year, month, as_of)) > 1:
+        raise ValueError("give one of year, month or as_of")
     base = contract_in_force(session, contract_id, 1)
     contract = base.contract
     credit: dict[str, Any] | None = None
+    if as_of is not None:
+        if as_of.tzinfo is None or as_of.utcoffset() is None:
+            raise ValueError(f"as_of: a time needs a UTC offset, got {as_of.isoformat()}")
+        k_of = year_of(contract.start_date, contract.timezone, as_of - timedelta(microseconds=1))
+        first, _ = contract_year_bounds(contract.start_date, contract.timezone, 1)
+        if k_of is None or as_of <= first:
+            raise PeriodOutOfRange(
+                f"as_of: {as_of.isoformat()} is not after contract {contract_id!r}'s start "
+                f"({first.isoformat()})"
+            )
+        check_year(base.contract, k_of)
+        start, _end = contract_year_bounds(contract.start_date, contract.timezone, k_of)
+        in_force = _in_force(session, contract_id, k_of, base)
+        figures = figures_for(
+            session, in_force.contract, start, as_of, min(now, as_of), in_force.terms
+        )
+        return SlaReport(
+            contract=in_force.contract,
+            terms=in_force.terms,
+            year=k_of,
+            month=None,
+            figures=figures,
+            credit=None,
+            as_of=as_of,
+        )
     if month is not None:
         start, end = month_bounds(month[0], month[1], contract.timezone)
         k = year_of(contract.start_date, contract.timezone, start)

@@ -38,12 +38,12 @@ from billing import services as billing_services
 from billing import sla
 from billing.display import Verdict, verdict
 from billing.display import cost_text as _cost
+from billing.display import credit_text as credit_words
 from billing.display import goodput_text as _goodput
 from billing.display import hours_text as _hours
 from billing.display import money_text as _money
 from billing.display import plain as _plain
 from billing.display import rate_text as _rate
-from billing.money import format_minor
 from billing.services import terms_of
 from billing.terms import Terms
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
@@ -188,9 +188,6 @@ def contracts_active_in(session: Session, year: int, month: int) -> list[str]:
         if end > first and start < last:
             active.append(row.contract_id)
     return active
-
-
-# --------------------------------------------------------------------------- verdicts
 
 
 # --------------------------------------------------------------------------- formatting
@@ -404,7 +401,7 @@ def _figure_rows(
     for rid, label, mv, yv in rows:
         row: dict[str, Any] = {"id": rid, "label": label, "month": mv, "year": yv}
         if rid == "verdict":
-            row["month_css"], row["year_css"] = m["verdict"].css, y["verdict"].css
+            row["month_css"], row["year_css"] = m["verdict"].tone, y["verdict"].tone
         out.append(row)
     return out
 
@@ -512,10 +509,10 @@ def prepare_monthly_report(
             "excluded": fg.excluded_failures,
             "not_covered": fg.not_covered_failures,
             "total": fg.total_failures,
-            "rate": _rate(fg.resolved_failures, fg.covered_failures),
-            "verdict": verdict(
+            "verdict": (v := verdict(
                 fg.resolved_failures, fg.covered_failures, terms.threshold_percent, closed
-            ),
+            )),
+            "rate": _rate(fg.resolved_failures, fg.covered_failures, terms.threshold_percent),
             "allocated": _hours(fg.allocated_gpu_seconds),
             "lost": _hours(fg.lost_gpu_seconds),
             "lost_cost": _cost(fg.lost_gpu_seconds, price, cur),
@@ -526,12 +523,7 @@ def prepare_monthly_report(
 
     credit_text = "no credit"
     if credit:
-        amount = credit.get("amount")
-        if amount is None and credit.get("minor_units") is not None:
-            amount = format_minor(int(credit["minor_units"]), cur)
-        credit_text = f"{amount} {credit.get('currency') or cur}"
-        if credit.get("status"):
-            credit_text += f" ({credit['status']})"
+        credit_text = credit_words(credit, cur)
     elif closed_year and not ytd.guarantee_met:
         credit_text = "none recorded yet: the credit is issued at the year close"
 
@@ -571,6 +563,7 @@ def prepare_monthly_report(
         "year_first_day": _long_date(y_first_date),
         "year_last_day": _long_date(date.fromordinal(y_end_date.toordinal() - 1)),
         "ytd_end_utc": _utc(ytd_end),
+        "ytd_as_of_utc": _utc(min(ytd_end, as_of)),
         "month_spans_years": m_end > y_end or m_start < y_start,
         "closed_month": closed_month,
         "closed_year": closed_year,

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.money import format_minor
+from billing.money import format_minor, format_money
 
 
 def credit_rows(session: Session, contract_ids: list[str] | None) -> list[dict[str, Any]]:
@@ -38,6 +38,12 @@ def credit_rows(session: Session, contract_ids: list[str] | None) -> list[dict[s
                 "amount": format_minor(c.amount_minor, c.currency),
                 "applied": format_minor(c.applied_minor, c.currency),
                 "remaining": format_minor(c.amount_minor - c.applied_minor, c.currency),
+                # for people: separators and the currency (billing.money.format_money)
+                "amount_text": format_money(c.amount_minor, c.currency, minor=True),
+                "applied_text": format_money(c.applied_minor, c.currency, minor=True),
+                "remaining_text": format_money(
+                    c.amount_minor - c.applied_minor, c.currency, minor=True
+                ),
                 "covered_failures": c.covered_failures,
                 "resolved_failures": c.resolved_failures,
                 "threshold_percent": format(c.threshold_percent, "f"),
@@ -127,8 +133,8 @@ def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list
                 "event_id": str(r.event_id),
                 "seq": r.seq,
                 "at": r.occurred_at,
-                "title": f"reclassified: {r.failure_class} / {r.cause}",
-                "detail": {"reason": r.reason},
+                "title": f"Reclassified: {r.failure_class} / {r.cause.replace('_', ' ')}",
+                "detail": {"Reason": r.reason},
             }
         )
     for d in session.execute(
@@ -140,8 +146,8 @@ def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list
                 "event_id": str(d.dispute_id),
                 "seq": d.seq,
                 "at": d.opened_at,
-                "title": f"dispute opened by {d.opened_by}",
-                "detail": {"reason": d.reason},
+                "title": f"Dispute opened by {d.opened_by}",
+                "detail": {"Reason": d.reason},
             }
         )
         if d.decided_at is not None:
@@ -151,8 +157,8 @@ def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list
                     "event_id": str(d.decision_event_id or d.dispute_id),
                     "seq": None,
                     "at": d.decided_at,
-                    "title": f"dispute {d.status} by {d.decided_by}",
-                    "detail": {"resolution": d.resolution, "note": d.note},
+                    "title": f"Dispute {d.status} by {d.decided_by}",
+                    "detail": {"Resolution": d.resolution, "Note": d.note},
                 }
             )
     return items

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,23 +16,44 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment
 from markupsafe import Markup, escape
 
-from web.views import MonthFigures
+from billing.money import format_money
+from billing.verdict import format_number, format_percent, format_rate, format_seconds
+from web.views import MonthFigures, month_verdict
 
 
-def pct(value: Decimal | float | None, places: int = 1) -> str:
-    """A fraction (0.934) as a percentage ("93.4 %"); "—" for None."""
-    if value is None:
-        return "—"
-    q = (Decimal(str(value)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_EVEN)
-    return f"{q} %"
+def pct(value: Decimal | None, places: int = 2) -> str:
+    """A share (0.934) as a percentage ("93.40 %"); "—" for None (billing's formatter)."""
+    return format_percent(value, places)
 
 
-def num(value: Decimal | float | int | None, places: int = 0) -> str:
+def num(value: Decimal | int | None, places: int = 0) -> str:
     """A number with thousands separators and ``places`` decimals; "—" for None."""
-    if value is None:
+    return format_number(value, places)
+
+
+def gpu_hours(seconds: Decimal | int | None) -> str:
+    """GPU-seconds as GPU-hours: two decimals, four under 0.1 (a resolved failure's few
+    GPU-seconds of recovery read ``0.0056``, not ``0.01``), ``< 0.0001`` below that."""
+    if seconds is None:
         return "—"
-    d = Decimal(str(value)).quantize(Decimal(1).scaleb(-places), ROUND_HALF_EVEN)
-    return f"{d:,.{places}f}"
+    hours = Fraction(seconds) / 3600
+    if 0 < hours < Fraction(1, 20000):
+        return "< 0.0001"
+    return format_number(hours, 4 if 0 < hours < Fraction(1, 10) else 2)
+
+
+def secs(value: Decimal | int | None) -> str:
+    """A duration in seconds, to the millisecond at most: ``0.331 s``, ``2.5 s``."""
+    return format_seconds(value)
+
+
+def money(amount: Decimal | str | int | None, currency: str, minor: bool = False) -> str:
+    """An amount with separators and its currency: ``1,050,000.00 EUR``; "—" for None."""
+    if amount is None or amount == "":
+        return "—"
+    if isinstance(amount, str):
+        amount = Decimal(amount)
+    return format_money(amount, currency, minor=minor)
 
 
 def when(value: datetime | None, tz: str = "UTC", seconds: bool = False) -> str:
@@ -53,10 +76,23 @@ def label(value: str | None) -> str:
     return (value or "").replace("_", " ")
 
 
+_CODE_SPAN = re.compile(r"``?([^`]+?)``?")
+
+
+def codespans(text: str | None) -> Markup:
+    """Plain text with Markdown/reST code spans (```x``` or ````x````) shown as ``<code>``."""
+    escaped = str(escape(text or ""))
+    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", escaped))  # noqa: S704 (escaped first)
+
+
 def install(env: Environment) -> None:
     """Register the portal's filters on a Jinja environment."""
-    env.filters.update(pct=pct, num=num, when=when, day=day, label=label)
+    env.filters.update(
+        pct=pct, num=num, when=when, day=day, label=label, gpu_hours=gpu_hours, secs=secs,
+        money=money, codespans=codespans,
+    )
     env.globals["monthly_chart"] = monthly_chart
+    env.globals["month_verdict"] = month_verdict
 
 
 def secure_cookies(request: Request, mode: str) -> bool:
@@ -122,7 +158,7 @@ def fragment(request: Request, name: str, context: dict[str, Any]) -> Markup:
 # --------------------------------------------------------------------------- chart
 
 _W, _H = 720, 260
-_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 16, 44
+_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 18, 28
 
 
 def _axis_floor(values: Sequence[float], threshold: float) -> float:
@@ -133,10 +169,13 @@ def _axis_floor(values: Sequence[float], threshold: float) -> float:
 def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
     """An inline SVG bar chart: resolution rate by month against the threshold line.
 
-    Bars are green where the month's rate meets the threshold and red where it does not;
-    months without covered failures show a grey dot, months to come are left empty.
+    Bars are green where the month's rate meets the threshold and red where it does not
+    (the guarantee's exact test), each labelled with the rate as billing writes it, so a
+    label never reads as meeting the threshold on a red bar; months without covered
+    failures show a grey dot, months to come are left empty.  The legend is HTML under
+    the chart, so it wraps on a phone instead of shrinking with the drawing.
     """
-    thr = float(threshold)
+    thr = float(threshold)  # drawing coordinates only: no figure is computed from them
     rates = [
         100.0 * m.figures.resolved_failures / m.figures.covered_failures
         for m in months
@@ -152,57 +191,67 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
     def y(v: float) -> float:
         return _TOP + plot_h * (1 - (v - lo) / (100 - lo))
 
+    thr_text = escape(format(threshold, "f"))
     parts = [
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
         f'aria-labelledby="chart-title" xmlns="http://www.w3.org/2000/svg">',
         '<title id="chart-title">Resolution rate by month against the guaranteed '
-        f"{escape(format(threshold, 'f'))} %</title>",
+        f"{thr_text} %</title>",
     ]
-    for tick in range(int(lo), 101, 10 if 100 - lo > 30 else 5):
+    step = 10 if 100 - lo > 30 else 5
+    for tick in range(int(lo), 101, step):
         ty = y(tick)
         parts.append(
             f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" '
             'class="grid"/>'
-            f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick" text-anchor="end">{tick}%</text>'
         )
+        if abs(tick - thr) >= step / 2.5:  # the threshold's own label takes this place
+            parts.append(
+                f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick" text-anchor="end">'
+                f"{tick}%</text>"
+            )
     for i, m in enumerate(months):
         cx = _LEFT + slot * i + slot / 2
+        odd = " odd" if i % 2 else ""
         parts.append(
-            f'<text x="{cx:.1f}" y="{_H - _BOTTOM + 16}" class="tick" text-anchor="middle">'
-            f"{escape(m.label[2:])}</text>"
+            f'<text x="{cx:.1f}" y="{_H - _BOTTOM + 18}" class="tick month{odd}" '
+            f'text-anchor="middle">{escape(m.label[2:])}</text>'
         )
         f = m.figures
         if f is None:
             continue
         if not f.covered_failures:
             parts.append(
-                f'<circle cx="{cx:.1f}" cy="{_TOP + plot_h - 5:.1f}" r="3" class="none">'
+                f'<circle cx="{cx:.1f}" cy="{_TOP + plot_h - 6:.1f}" r="5" class="none">'
                 f"<title>{escape(m.label)}: no covered failures</title></circle>"
             )
             continue
         rate = 100.0 * f.resolved_failures / f.covered_failures
+        shown = format_rate(f.resolved_failures, f.covered_failures, threshold)
         top = y(max(rate, lo))
         cls = "ok" if f.guarantee_met else "miss"
         parts.append(
             f'<rect x="{cx - bar / 2:.1f}" y="{top:.1f}" width="{bar:.1f}" '
             f'height="{max(1.0, _TOP + plot_h - top):.1f}" class="bar {cls}">'
-            f"<title>{escape(m.label)}: {f.resolved_failures} of {f.covered_failures} covered "
-            f"failures resolved ({rate:.1f} %)</title></rect>"
+            f"<title>{escape(m.label)}: {f.resolved_failures:,} of {f.covered_failures:,} "
+            f"covered failures resolved ({escape(shown)})</title></rect>"
         )
         parts.append(
             f'<text x="{cx:.1f}" y="{top - 4:.1f}" class="val" text-anchor="middle">'
-            f"{rate:.0f}</text>"
+            f"{escape(shown.removesuffix(' %'))}</text>"
         )
     ty = y(thr)
     parts.append(
         f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" class="threshold"/>'
-        f'<text x="{_W - _RIGHT}" y="{ty - 5:.1f}" class="threshold-label" text-anchor="end">'
-        f"guaranteed {escape(format(threshold, 'f'))} %</text>"
-    )
-    parts.append(
-        f'<text x="{_LEFT}" y="{_H - 6}" class="legend">'
-        "Bars: share of covered failures resolved by live migration, per month "
-        "(green: at or above the guarantee; red: below; dot: no covered failure).</text>"
+        f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="threshold-label" text-anchor="end">'
+        f"{thr_text}%</text>"
     )
     parts.append("</svg>")
+    parts.append(
+        '<p class="chart-legend small"><span class="key ok" aria-hidden="true"></span> at or '
+        'above the guarantee <span class="key miss" aria-hidden="true"></span> below it '
+        '<span class="key dot" aria-hidden="true"></span> no covered failure '
+        f'<span class="key dash" aria-hidden="true"></span> guaranteed {thr_text} %. '
+        "Bars: share of the month's covered failures resolved by live migration.</p>"
+    )
     return Markup("".join(parts))  # noqa: S704 (every value above is escaped or numeric)

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
+from billing.verdict import format_number, format_seconds
 from billing.years import year_of
 from ledger.contracts import get_contract
 from ledger.errors import LedgerError, UnknownContract, UnknownEntry
@@ -45,7 +46,11 @@ from web.views import (
     refresh_year_view,
 )
 
-STATUSES = ("resolved", "rolled_back", "failed", "pending", "excluded", "not_covered")
+STATUSES = (
+    "resolved", "unresolved", "rolled_back", "failed", "pending", "excluded", "not_covered",
+)
+#: ``unresolved`` in the filter: every covered failure not resolved (the dashboard's card).
+UNRESOLVED = frozenset({"rolled_back", "failed", "pending"})
 CLASSES = ("unplanned", "preemptive", "planned")
 MAX_PER_PAGE = 200
 
@@ -205,7 +210,11 @@ class FailureFilter:
             (not self.month or row.month == self.month)
             and (not self.failure_class or f.failure_class == self.failure_class)
             and (not self.cause or f.cause == self.cause)
-            and (not self.status or row.row.status.value == self.status)
+            and (
+                not self.status
+                or row.row.status.value == self.status
+                or (self.status == "unresolved" and row.row.status.value in UNRESOLVED)
+            )
         )
 
 
@@ -243,6 +252,8 @@ class TimelineItem:
     at: datetime
     title: str
     detail: dict[str, Any]
+    #: ``ok``, ``warn``, ``bad`` or empty: the colour of the item's dot (an outcome's).
+    tone: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +273,9 @@ def _uuid(value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise NotFound() from None
+
+
+_OUTCOME_TONES = {"live_migrated": "ok", "rolled_back": "warn", "failed": "bad"}
 
 
 def failure_detail(
@@ -286,14 +300,15 @@ def failure_detail(
             str(failure.event_id),
             failure.seq,
             failure.occurred_at,
-            f"{failure.failure_class} failure: {failure.cause.replace('_', ' ')}",
+            f"{failure.failure_class.capitalize()} failure: {failure.cause.replace('_', ' ')}",
             {
-                "job": failure.job_id,
-                "node": failure.node,
-                "gpu": failure.gpu,
-                "step": failure.step,
-                "detail": failure.detail,
+                "Job": failure.job_id,
+                "Node": failure.node,
+                "GPU": failure.gpu,
+                "Step": format_number(failure.step) if failure.step is not None else None,
+                "Detail": failure.detail,
             },
+            "bad",
         )
     ]
     outcomes = session.execute(
@@ -308,13 +323,14 @@ def failure_detail(
                 str(o.event_id),
                 o.seq,
                 o.occurred_at,
-                ("correction: " if n else "outcome: ") + o.outcome.replace("_", " "),
+                ("Corrected outcome: " if n else "Outcome: ") + o.outcome.replace("_", " "),
                 {
-                    "lost steps": o.lost_steps,
-                    "recovery seconds": o.recovery_seconds,
-                    "step seconds": o.step_seconds,
-                    "GPUs affected": o.gpus_affected,
+                    "Lost steps": format_number(o.lost_steps),
+                    "Recovery time": format_seconds(o.recovery_seconds),
+                    "Step time": format_seconds(o.step_seconds),
+                    "GPUs affected": format_number(o.gpus_affected),
                 },
+                _OUTCOME_TONES.get(o.outcome, ""),
             )
         )
     exclusions = session.execute(
@@ -329,8 +345,8 @@ def failure_detail(
                 str(x.event_id),
                 x.seq,
                 x.occurred_at,
-                "excluded from the guarantee",
-                {"reason": x.reason, "approved by": x.approved_by},
+                "Excluded from the guarantee",
+                {"Reason": x.reason, "Approved by": x.approved_by},
             )
         )
     items.extend(
@@ -345,6 +361,31 @@ def failure_detail(
         )
     disputes = billing_bridge.disputes_of_failure(session, contract_id, fid)
     return FailureDetail(contract, failure, year, row, items, disputes)
+
+
+def failure_summaries(session: Session, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """For the disputes queue: each failure's class, cause, time, job and latest outcome
+    (``outcome`` None while pending), by event id; ids the session cannot see are absent."""
+    ids = [_uuid(i) for i in event_ids]
+    if not ids:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for f in session.execute(select(Failure).where(Failure.event_id.in_(ids))).scalars():
+        out[str(f.event_id)] = {
+            "failure_class": f.failure_class, "cause": f.cause, "occurred_at": f.occurred_at,
+            "job_id": f.job_id, "outcome": None, "lost_steps": None, "recovery_seconds": None,
+        }
+    outcomes = session.execute(
+        select(Outcome)
+        .where(Outcome.failure_event_id.in_(ids))
+        .order_by(Outcome.occurred_at, Outcome.seq)
+    ).scalars()
+    for o in outcomes:  # the latest (time, then ledger order) wins, as in the figures
+        item = out.get(str(o.failure_event_id))
+        if item is not None:
+            item.update(outcome=o.outcome, lost_steps=o.lost_steps,
+                        recovery_seconds=o.recovery_seconds)
+    return out
 
 
 def entry_proof(

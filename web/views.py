@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from billing import sla
 from billing.services import load_period
 from billing.terms import Terms
+from billing.verdict import Standing, Verdict, rate_percent, verdict
 from billing.years import contract_year_bounds, month_bounds
 from ledger.models import LedgerLog
 from ledger.records import ContractSpec
@@ -345,19 +347,47 @@ class ViewCache:
         self._memo.clear()
 
 
-def projected_margin(view: YearView) -> tuple[bool, float]:
-    """(at risk, margin): whether the year so far is below its threshold, and by how much.
-
-    Pending failures count as unresolved, as in the figures.  The margin (resolution rate
-    minus threshold, in points) sorts contracts most at risk first; with no covered
-    failure it is the full headroom.
-    """
+def year_verdict(view: YearView) -> Verdict:
+    """Where the guarantee stands for the year of ``view`` (:func:`billing.verdict.verdict`):
+    closed once ``view.now`` has reached the year's end."""
     f = view.figures
-    if f.covered_failures == 0:
-        return False, 100.0
-    rate = 100.0 * f.resolved_failures / f.covered_failures
-    margin = rate - float(f.threshold_percent)
-    return margin < 0, margin
+    return verdict(f.resolved_failures, f.covered_failures, f.threshold_percent,
+                   view.now >= view.end)
+
+
+def month_verdict(month: MonthFigures, now: datetime) -> Verdict | None:
+    """The standing of one month on its own (None for a month still to come)."""
+    f = month.figures
+    if f is None:
+        return None
+    return verdict(f.resolved_failures, f.covered_failures, f.threshold_percent,
+                   now >= month.end)
+
+
+#: Order of standings on the SLA desk: the ones that need attention first.
+_URGENCY = {
+    Standing.MISSED: 0, Standing.BELOW: 1, Standing.AT_RISK: 2,
+    Standing.ON_TRACK: 3, Standing.MET: 4, Standing.NO_COVERED: 5,
+}
+
+
+def projected_margin(view: YearView) -> tuple[bool, Fraction]:
+    """(needs attention, margin): whether the year is below its threshold or at risk
+    (:func:`year_verdict`), and its resolution rate minus the threshold in points, exact.
+
+    Pending failures count as unresolved, as in the figures.  The margin sorts contracts
+    most at risk first; with no covered failure it is the full headroom (100 points).
+    """
+    v = year_verdict(view)
+    pct = rate_percent(v.resolved, v.covered)
+    margin = Fraction(100) if pct is None else pct - Fraction(v.threshold_percent)
+    return v.standing in (Standing.MISSED, Standing.BELOW, Standing.AT_RISK), margin
+
+
+def urgency(view: YearView) -> tuple[int, Fraction]:
+    """A sort key: missed, below so far, at risk, on track, met, no covered failures; then
+    the lowest margin first."""
+    return _URGENCY[year_verdict(view).standing], projected_margin(view)[1]
 
 
 def elapsed_share(view: YearView) -> float:

@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -493,22 +493,59 @@ def _parse_month(month: str | None) -> tuple[int, int] | None:
     return d.year, d.month
 
 
+def _parse_as_of(session: Any, contract_id: str, value: str | None) -> datetime | None:
+    """``--as-of``: an instant with an offset, or a date (local midnight in the contract's zone)."""
+    if value is None:
+        return None
+    from billing.years import local_midnight
+    from ledger.contracts import get_contract
+
+    text = value.strip()
+    if len(text) == 10:
+        try:
+            d = date.fromisoformat(text)
+        except ValueError:
+            fail(f"--as-of must be YYYY-MM-DD or ISO 8601 with an offset, got {value!r}")
+        return local_midnight(d, get_contract(session, contract_id).timezone)
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--as-of must be YYYY-MM-DD or ISO 8601 with an offset, got {value!r}")
+    if t.tzinfo is None:
+        fail(f"--as-of must carry a UTC offset (e.g. +00:00), got {value!r}")
+    return t
+
+
 @app.command("sla")
 def sla(
     contract_id: Annotated[str, typer.Argument(help="The contract.")],
     year: Annotated[int | None, typer.Option(help="Contract year K (1 = the first).")] = None,
     month: Annotated[str | None, typer.Option(help="A calendar month, YYYY-MM.")] = None,
+    as_of: Annotated[
+        str | None,
+        typer.Option(
+            "--as-of",
+            help="The contract year to date as of an instant: ISO 8601 with a UTC offset "
+            "(2026-04-01T00:00:00+00:00), or a date YYYY-MM-DD meaning midnight at its start "
+            "in the contract's time zone. The year-to-date column of a monthly report.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The SLA figures of a contract year (default: the current one) or a month."""
+    """The SLA figures of a contract year (default: the current one), a month, or the
+    year to date as of an instant."""
     from billing.services import sla_figures
     from yoco.render import print_sla
 
-    if year is not None and month is not None:
-        fail("give --year or --month, not both")
+    if sum(x is not None for x in (year, month, as_of)) > 1:
+        fail("give one of --year, --month or --as-of")
     ym = _parse_month(month)
     with application() as ctx:
-        report = _unit(ctx, lambda s: sla_figures(s, contract_id, year=year, month=ym))
+        def figures(s: Any) -> Any:
+            at = _parse_as_of(s, contract_id, as_of)
+            return sla_figures(s, contract_id, year=year, month=ym, as_of=at)
+
+        report = _unit(ctx, figures)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:

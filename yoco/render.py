@@ -11,21 +11,21 @@ from rich.table import Table
 def sla_table(report: Any) -> Table:
     """A two-column table of one period's figures, with the verdict in words."""
     j = report.to_json()
+    v = report.verdict()
     if report.month:
         title = f"{j['contract_id']} ({j['customer']}) — month {j['month']}"
+    elif getattr(report, "as_of", None) is not None:
+        title = (
+            f"{j['contract_id']} ({j['customer']}) — contract year {j['year']} to date, "
+            f"as of {j['as_of']}"
+        )
     else:
         title = f"{j['contract_id']} ({j['customer']}) — contract year {j['year']}"
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("figure", style="bold")
     table.add_column("value")
-    rate = j["resolution_rate"]
-    rate_text = (
-        "no covered failures"
-        if rate is None
-        else f"{float(rate) * 100:.2f}% ({j['resolved_failures']} of {j['covered_failures']})"
-    )
-    met = j["guarantee_met"]
-    verdict = "[green]met[/]" if met else "[red]not met[/]"
+    colour = {"ok": "green", "warn": "yellow", "bad": "red", "none": "default"}[v.tone]
+    verdict = f"[{colour}]{v.word}[/]"
     rows = [
         (
             "period",
@@ -38,8 +38,8 @@ def sla_table(report: Any) -> Table:
             f"{j['rolled_back_failures']} / {j['failed_failures']} / {j['pending_failures']}",
         ),
         ("excluded / not covered", f"{j['excluded_failures']} / {j['not_covered_failures']}"),
-        ("resolution rate", rate_text),
-        (f"guarantee (≥ {j['threshold_percent']}%)", verdict),
+        ("resolution rate", v.rate_with_counts),
+        (f"guarantee (≥ {j['threshold_percent']} %)", verdict),
         ("allocated GPU-hours", j["allocated_gpu_hours"]),
         ("lost GPU-hours", j["lost_gpu_hours"]),
         ("goodput", j["goodput"]),
@@ -47,13 +47,21 @@ def sla_table(report: Any) -> Table:
     credit = j.get("credit")
     if credit:
         rows.append(
-            ("credit", f"{credit.get('amount')} {credit.get('currency')} ({credit.get('status')})")
+            ("credit", f"{_money(credit)} ({credit.get('status')})")
         )
     else:
         rows.append(("credit", "none"))
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _money(credit: dict[str, Any]) -> str:
+    from billing.money import format_money
+
+    if credit.get("minor_units") is not None:
+        return format_money(int(credit["minor_units"]), credit["currency"], minor=True)
+    return f"{credit.get('amount')} {credit.get('currency')}"
 
 
 def print_sla(console: Console, report: Any) -> None:

@@ -125,7 +125,19 @@ def test_full_story_ingest_checkpoint_prove_verify_sla(yoco_env, contracts_file,
     month = json.loads(yoco("sla", "C-1", "--month", "2026-03", "--json"))
     assert month["covered_failures"] == 1 and month["month"] == "2026-03"
     table = yoco("sla", "C-1", "--year", "1")
-    assert "resolution rate" in table and "100.00%" in table
+    assert "resolution rate" in table and "100.00 % (1 of 1)" in table
+    # The year to date as of an instant: the year containing it, from its start to it.
+    ytd = json.loads(yoco("sla", "C-1", "--as-of", "2026-04-01", "--json"))
+    assert ytd["year"] == 1 and ytd["period_end"] == "2026-04-01T04:00:00+00:00"
+    assert ytd["as_of"] == ytd["computed_at"] == "2026-04-01T04:00:00+00:00"
+    assert ytd["standing"] in ("on_track", "at_risk")  # the year is still running then
+    assert "to date" in yoco("sla", "C-1", "--as-of", "2026-04-01T04:00:00+00:00")
+    for bad, message in (("2026-04-01T04:00:00", "UTC offset"), ("April", "YYYY-MM-DD"),
+                         ("2020-01-01", "not after")):
+        r = runner.invoke(app, ["sla", "C-1", "--as-of", bad])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), (bad, r.output)
+    r = runner.invoke(app, ["sla", "C-1", "--year", "1", "--as-of", "2026-04-01"])
+    assert r.exit_code == 2 and "one of --year, --month or --as-of" in r.output
     assert "projections rebuilt from 6" in yoco("ledger", "rebuild")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from billing import services as billing_services
 from billing.sla import decimal_string
+from billing.verdict import format_number
 from ledger.checkpoints import sign_all
 from ledger.ingest import ingest
 from ledger.records import validate_batch
@@ -48,10 +50,16 @@ def sla_json(cid: str, *period: str) -> dict[str, Any]:
 
 
 def rate_text(j: dict[str, Any]) -> str:
+    """The rate as every surface writes it (billing.verdict), from `yoco sla --json`."""
     if j["covered_failures"] == 0:
         return "no covered failures"
     pct = decimal_string(Fraction(j["resolved_failures"] * 100, j["covered_failures"]), 2)
-    return f"{pct}% ({j['resolved_failures']} of {j['covered_failures']})"
+    return f"{pct} % ({j['resolved_failures']} of {j['covered_failures']})"
+
+
+def hours(text: str) -> str:
+    """A six-decimal JSON figure with thousands separators, as the report prints it."""
+    return format_number(Decimal(text), 6)
 
 
 def expected_cells(j: dict[str, Any]) -> list[str]:
@@ -59,8 +67,8 @@ def expected_cells(j: dict[str, Any]) -> list[str]:
     goodput_pct = decimal_string(Fraction(Decimal(j["goodput"])) * 100, 4)
     return [
         rate_text(j),
-        j["allocated_gpu_hours"],
-        j["lost_gpu_hours"],
+        hours(j["allocated_gpu_hours"]),
+        hours(j["lost_gpu_hours"]),
         f"{j['goodput']} ({goodput_pct} %)",
     ]
 
@@ -87,18 +95,25 @@ def assert_same_figures(pdf: Path, month: dict[str, Any], year: dict[str, Any]) 
         str(year["resolved_failures"]),
     ]
     assert summary_row(text, "Allocated GPU-hours") == [
-        month["allocated_gpu_hours"],
-        year["allocated_gpu_hours"],
+        hours(month["allocated_gpu_hours"]),
+        hours(year["allocated_gpu_hours"]),
     ]
     assert summary_row(text, "Lost GPU-hours (all failures)") == [
-        month["lost_gpu_hours"],
-        year["lost_gpu_hours"],
+        hours(month["lost_gpu_hours"]),
+        hours(year["lost_gpu_hours"]),
     ]
     for j in (month, year):
         for cell in expected_cells(j):
             assert cell in text, (cell, j)
     assert month["period_start"] in text and month["period_end"] in text
     assert year["period_start"] in text
+
+
+def ytd_as_of(text: str) -> str:
+    """The instant the report's footnote gives to `yoco sla --as-of` for its year to date."""
+    m = re.search(r"--as-of (\S+)", text)
+    assert m, "the report names the command that prints its year-to-date figures"
+    return m.group(1).rstrip(")")
 
 
 def non_blank_pages(pdf: Path, tmp: Path, first: int = 1, last: int | None = None) -> None:
@@ -129,9 +144,10 @@ def test_quiet_month_via_cli_matches_sla_and_is_reproducible(
     assert pdf.read_bytes().startswith(b"%PDF-")
 
     month = sla_json("C-QUIET", "--month", "2026-03")
-    year = sla_json("C-QUIET", "--year", "1")
-    # The year is not over, but nothing happened after March: year to date = the year.
     text_pdf = pdf_text(pdf)
+    # The footnote's command prints the year-to-date column.
+    year = sla_json("C-QUIET", "--as-of", ytd_as_of(text_pdf))
+    assert year["period_end"] == "2026-04-01T00:00:00+00:00"
     assert_same_figures(pdf, month, year)
     assert "No failure was recorded for this contract in March 2026" in text_pdf
     assert "no covered failures" in text_pdf and "no credit" in text_pdf
@@ -171,15 +187,17 @@ def test_month_that_tips_the_year_into_a_miss(
     pdf.write_bytes(report.pdf)
     text = pdf_text(pdf)
     month = sla_json("C-TIP", "--month", "2026-03")
-    year = sla_json("C-TIP", "--year", "1")
+    year = sla_json("C-TIP", "--as-of", ytd_as_of(text))
     assert_same_figures(pdf, month, year)
-    assert year["guarantee_met"] is False and rate_text(year) == "80.95% (17 of 21)"
-    assert "Contract year 1 to date: MISSED" in text
-    assert "below the guaranteed 90 % so far" in text
+    assert year["guarantee_met"] is False and rate_text(year) == "80.95 % (17 of 21)"
+    # The year is still running: below the guarantee so far, not (yet) missed.
+    assert year["standing"] == "below"
+    assert "Contract year 1 to date: BELOW SO FAR" in text
+    assert "below the guaranteed 90 % while the period is still running" in text
     # February on its own terms: met with room to spare.
     feb_pdf = tmp_path / "feb.pdf"
     feb_pdf.write_bytes(feb.pdf)
-    assert "Contract year 1 to date: MET" in pdf_text(feb_pdf)
+    assert "Contract year 1 to date: ON TRACK" in pdf_text(feb_pdf)
     # The contract's time zone shows in the exact bounds (midnight in New York).
     assert "2026-03-01T05:00:00+00:00" in text and "2026-04-01T04:00:00+00:00" in text
     # Cost of lost GPU-hours at 2.49 USD, rounded half up to the cent.
@@ -225,15 +243,17 @@ def test_closed_year_with_its_credit(
     text = pdf_text(pdf)
     month = sla_json("C-CLOSED", "--month", "2025-12")
     year = sla_json("C-CLOSED", "--year", "1")
+    assert sla_json("C-CLOSED", "--as-of", ytd_as_of(text)) | {"credit": None} == year | {
+        "credit": None, "as_of": ytd_as_of(text), "computed_at": ytd_as_of(text)}
     assert_same_figures(pdf, month, year)
     # The year is over: its figures are final and equal `yoco sla --year 1` exactly.
     assert "Contract year 1: MISSED" in text and "to date" not in text.split("Figure")[0][-40:]
-    assert rate_text(year) == "60.00% (3 of 5)"
+    assert rate_text(year) == "60.00 % (3 of 5)" and year["standing"] == "missed"
     assert "credit base 520,000.00 EUR (the renewal value)" in text
     if close_year is not None:
         assert credit is not None and credit["amount"] == "130000.00"  # 25 % of 520,000.00
     if credit:
-        assert f"Credit for contract year 1: {credit['amount']} EUR ({credit['status']})" in text
+        assert f"Credit for contract year 1: 130,000.00 EUR ({credit['status']})" in text
         assert year["credit"]["amount"] == credit["amount"]
     else:
         assert "Credit for contract year 1: none recorded yet" in text
@@ -253,7 +273,7 @@ def test_month_with_500_failures_paginates_with_repeated_headers(
     pages = page_count(pdf)
     assert pages >= 12
     assert_same_figures(pdf, sla_json("C-BUSY", "--month", "2026-03"),
-                        sla_json("C-BUSY", "--year", "1"))
+                        sla_json("C-BUSY", "--as-of", ytd_as_of(text)))
     assert len(report.rows) == 500
     missing = [r.failure.event_id for r in report.rows if r.failure.event_id not in text]
     assert not missing
@@ -276,8 +296,8 @@ def test_forged_report_no_longer_matches_the_ledger(
         assert rm.find_issued(s, report.html_sha256)[0]["event_id"] == str(recorded.event_id)
         assert rm.find_issued(s, report.pdf_sha256, "C-TIP")[0]["month"] == "2026-03"
         # One figure changed: 17 of 21 becomes 19 of 21.
-        assert report.html.count("80.95% (17 of 21)") >= 1
-        forged_html = report.html.replace("80.95% (17 of 21)", "90.48% (19 of 21)")
+        assert report.html.count("80.95 % (17 of 21)") >= 1
+        forged_html = report.html.replace("80.95 % (17 of 21)", "90.48 % (19 of 21)")
         forged_pdf = html_to_pdf(forged_html)
         for doc in (forged_html.encode(), forged_pdf):
             assert rm.find_issued(s, hashlib.sha256(doc).hexdigest()) == []

@@ -108,9 +108,14 @@ def test_customer_journey_in_a_real_browser(server, tmp_path) -> None:
         verify_bundle(bundle, key)
         page.screenshot(path=str(SHOTS / "04-failure-detail.png"), full_page=True)
 
+        # That failure has an open dispute already (no second form); dispute another one.
+        expect(page.locator("[data-test=dispute-form]")).to_have_count(0)
+        page.goto(f"{base}/contracts/C-A/failures/{seed.failures['C-A'][0]}")
         page.fill("[data-test=dispute-form] textarea", "Our logs show 240 lost steps here.")
         page.click("[data-test=dispute-form] button[type=submit]")
         expect(page.locator("#disputes")).to_contain_text("Our logs show 240 lost steps here.")
+        expect(page.locator("[data-test=dispute-confirmation]")).to_be_visible()
+        expect(page.locator("[data-test=dispute-form]")).to_have_count(0)
         page.locator("#disputes").screenshot(path=str(SHOTS / "05-dispute-opened.png"))
 
         page.click("nav.tabs >> text=Monthly reports")
@@ -140,3 +145,163 @@ def test_customer_journey_in_a_real_browser(server, tmp_path) -> None:
         page.screenshot(path=str(SHOTS / "09-disputes.png"), full_page=True)
         browser.close()
     assert external == [], f"the pages loaded outside assets: {external}"
+
+
+# --------------------------------------------------------------------------- every page
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+PAGE_SHOTS = SHOTS / "pages"
+WIDTHS = {"desktop": (1366, 900), "phone": (390, 844)}
+#: Routes that answer with a file or JSON, a redirect or a form post: not pages to look at.
+NOT_PAGES = {
+    "/", "/public-key", "/contracts/{contract_id}/entries/{event_id}/proof",
+    "/contracts/{contract_id}/reports/{month}.pdf", "/contracts/{contract_id}/checkpoints/consistency",
+    "/finance/export.{fmt}", "/api/openapi.json", "/static",
+}
+
+
+@pytest.fixture
+def old_year(seeded):
+    """One more contract (Bravo Labs) whose first year ended in 2025 and waits to be closed."""
+    from datetime import timedelta
+
+    from ledger.checkpoints import sign_all
+    from ledger.contracts import add_contracts
+    from ledger.ingest import ingest
+    from ledger.records import parse_contracts, validate_batch
+    from tests import factories as fx
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    specs, errors = parse_contracts(json.dumps([fx.contract(
+        "C-OLD", customer="Bravo Labs", start_date="2024-06-01", term_years=3,
+        annual_value="1050000.00", currency="EUR", timezone="Europe/Berlin")]).encode())
+    assert not errors
+    t0 = fx.T0.replace(year=2024, month=7)
+    recs = [fx.rec("job_started", "C-OLD", t0, job_id="j1", gpus=64)]
+    for n, result in enumerate(["live_migrated", "rolled_back", "rolled_back", None]):
+        at = t0 + timedelta(days=30 * n + 3)
+        f = fx.rec("failure", "C-OLD", at, job_id="j1", failure_class="unplanned",
+                   cause="gpu_lost", node=f"node-{n}", gpu=n, step=100 * n)
+        recs.append(f)
+        if result:
+            recs.append(fx.rec("outcome", "C-OLD", at + timedelta(seconds=40),
+                               failure_event_id=f["event_id"], outcome=result,
+                               lost_steps=0 if result == "live_migrated" else 300,
+                               recovery_seconds=0.33071208000183105, step_seconds=1.5,
+                               gpus_affected=8))
+    records, errors = validate_batch(recs)
+    assert not errors
+    with unit_of_work(ctx.engine) as s:
+        add_contracts(s, specs)
+        ingest(s, records, None, ctx.projectors)
+        sign_all(s, ctx.signer, ctx.settings.log_origin)
+    return seeded
+
+
+def _check(page, base: str, name: str, url: str, width: str, problems: list[str]) -> None:
+    w, h = WIDTHS[width]
+    page.set_viewport_size({"width": w, "height": h})
+    response = page.goto(base + url)
+    assert response is not None
+    page.wait_for_load_state("load")
+    page.screenshot(path=str(PAGE_SHOTS / f"{name}-{width}.png"), full_page=True)
+    scroll, client = page.evaluate(
+        "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    if scroll > client:
+        wide = page.evaluate("""() => [...document.querySelectorAll('body *')]
+            .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+            .slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' +
+                             Math.round(e.getBoundingClientRect().right))""")
+        problems.append(f"{name} at {w} px scrolls sideways ({scroll} > {client}): {wide}")
+    if not page.evaluate("typeof axe !== 'undefined'"):
+        page.evaluate(AXE.read_text(encoding="utf-8"))
+    result = page.evaluate(
+        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+        ".map(v => v.id + ' (' + v.impact + '): ' + v.nodes.slice(0, 3)"
+        ".map(n => n.target.join(' ')).join(' | '))")
+    problems.extend(f"{name} at {w} px: axe {v}" for v in result)
+
+
+def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
+    """Every portal page, as customer, operator and finance, at 1,366 and 390 px: no
+    sideways scrolling, no axe-core violation; the screenshots are kept for people."""
+    from playwright.sync_api import sync_playwright
+
+    from web.app import create_app
+    from web.settings import WebSettings
+
+    ctx, seed = old_year
+    app = create_app(ctx, WebSettings(secret_key="enumerate"))
+    routes = {
+        r.path for r in app.routes
+        if "GET" in getattr(r, "methods", {"GET"}) and not r.path.startswith("/api/v1")
+    }
+    fid_resolved, fid_rolled = seed.failures["C-A"][0], seed.failures["C-A"][1]
+    pages: list[tuple[str | None, str, str, str]] = [  # (user, name, url, route)
+        (None, "login", "/login", "/login"),
+        (None, "not-found", "/no-such-page", ""),
+        ("a", "contracts", "/contracts", "/contracts"),
+        ("a", "dashboard", "/contracts/C-A", "/contracts/{contract_id}"),
+        ("a", "failures", "/contracts/C-A/failures", "/contracts/{contract_id}/failures"),
+        ("a", "failure-resolved", f"/contracts/C-A/failures/{fid_resolved}",
+         "/contracts/{contract_id}/failures/{event_id}"),
+        ("a", "failure-rolled-back", f"/contracts/C-A/failures/{fid_rolled}", ""),
+        ("a", "reports", "/contracts/C-A/reports", "/contracts/{contract_id}/reports"),
+        ("a", "report-html", "/contracts/C-A/reports/2026-03.html",
+         "/contracts/{contract_id}/reports/{month}.html"),
+        ("a", "credits", "/contracts/C-A/credits", "/contracts/{contract_id}/credits"),
+        ("a", "checkpoints", "/contracts/C-A/checkpoints", "/contracts/{contract_id}/checkpoints"),
+        ("a", "api-docs", "/api/docs", "/api/docs"),
+        ("op", "operator", "/operator", "/operator"),
+        ("op", "disputes", "/operator/disputes", "/operator/disputes"),
+        ("op", "years", "/operator/years", "/operator/years"),
+        ("op", "year-close", "/operator/years/confirm?contract_id=C-OLD&year=1",
+         "/operator/years/confirm"),
+        ("op", "dashboard-ended-year", "/contracts/C-OLD?year=1", ""),
+        ("op", "failures-old", "/contracts/C-OLD/failures?year=1", ""),
+        ("fin", "finance", "/finance", "/finance"),
+    ]
+    covered = {route for *_, route in pages if route}
+    missing = sorted(r for r in routes - covered - NOT_PAGES if not r.startswith("/static"))
+    assert not missing, f"pages without a screenshot and checks: {missing}"
+
+    PAGE_SHOTS.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": ctx.settings.database_url,
+           "YOCO_DATA_DIR": str(ctx.settings.data_dir), "YOCO_WEB_SECRET_KEY": "e2e-secret"}
+    proc = subprocess.Popen([sys.executable, "-m", "yoco.cli", "serve", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    problems: list[str] = []
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/login", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "died"
+            time.sleep(0.1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            for who in (None, "a", "op", "fin"):
+                context = browser.new_context(bypass_csp=True)
+                page = context.new_page()
+                if who is not None:
+                    page.goto(base + "/login")
+                    page.fill("input[name=email]", seed.users[who])
+                    page.fill("input[name=password]", PASSWORD)
+                    page.click("button[type=submit]")
+                    page.wait_for_load_state("load")
+                for user, name, url, _route in pages:
+                    if user != who:
+                        continue
+                    for width in WIDTHS:
+                        _check(page, base, name, url, width, problems)
+                context.close()
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not problems, "\n".join(problems)

@@ -18,7 +18,7 @@ def test_dashboard_shows_verdict_counts_and_chart(client_for, seed) -> None:
     html = r.text
     # Seed: covered = gpu_lost (resolved), ecc (rolled back), thermal (resolved),
     # kernel_panic (pending); planned is not covered, network_wide_outage is excluded.
-    assert "50.0 %" in html and "Below the guarantee so far" in html
+    assert "50.00 %" in html and "Below the guarantee so far" in html
     assert "<svg" in html and 'class="bar miss"' in html and "guaranteed 90 %" in html
     assert "Lost GPU-hours" in html and "USD" in html  # gpu_hour_price gives a cost
 
@@ -50,7 +50,10 @@ def test_failure_detail_and_its_proofs_verify_offline(client_for, seed) -> None:
     fid = seed.failures["C-A"][1]  # rolled back
     r = alice.get(f"/contracts/C-A/failures/{fid}")
     assert r.status_code == 200
-    assert "rolled back" in r.text and "Timeline" in r.text and "Open a dispute" in r.text
+    assert "rolled back" in r.text and "Timeline" in r.text
+    # The seeded dispute is open: no second form until it is decided.
+    assert "A dispute of this failure is open" in r.text and "Open a dispute" not in r.text
+    assert "Open a dispute" in alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}").text
     assert "we lost more steps" in r.text  # the seeded dispute
     key = alice.get("/public-key").text.strip()
     proof = alice.get(f"/contracts/C-A/entries/{fid}/proof")
@@ -85,6 +88,8 @@ def test_dispute_from_the_failure_page_reaches_the_operator(client_for, seed) ->
                    data={"csrf_token": csrf_of(page.text), "reason": "node logs say otherwise"},
                    follow_redirects=True)
     assert r.status_code == 200 and "node logs say otherwise" in r.text
+    # A confirmation, and no form while the dispute is open.
+    assert 'data-test="dispute-confirmation"' in r.text and "Open a dispute" not in r.text
     olga = client_for("op")
     queue = olga.get("/operator/disputes")
     assert "node logs say otherwise" in queue.text and "C-B" in queue.text
@@ -125,8 +130,8 @@ def test_operator_sees_contracts_at_risk_first(client_for) -> None:
     r = olga.get("/operator")
     assert r.status_code == 200
     rows = r.text.split("<tbody>")[1]
-    assert rows.index("C-A") < rows.index("C-B")  # all at risk: ordered by margin, then id
-    assert 'class="risk"' in rows
+    assert rows.index("C-A") < rows.index("C-B")  # all below so far: by margin, then id
+    assert 'class="tone-row-bad"' in rows and "below so far" in rows
 
 
 def test_reports_list_and_pdf(client_for) -> None:
@@ -154,21 +159,29 @@ def test_year_close_credit_and_finance_export(seeded) -> None:
     with TestClient(app) as olga:
         login(olga, seed.users["op"])
         page = olga.get("/operator/years")
-        assert "C-A" in page.text and "Close year" in page.text
+        assert "C-A" in page.text and "ended, waiting to be closed" in page.text
+        # The overview lists the years waiting to be closed too.
+        assert 'data-test="waiting-years"' in olga.get("/operator").text
+        # No credit from a single click: the confirmation page says what will be issued.
+        confirm = olga.get("/operator/years/confirm", params={"contract_id": "C-A", "year": 1})
+        assert confirm.status_code == 200
+        assert "Close the year and issue 250,000.00 USD" in confirm.text
+        assert ">missed<" in confirm.text
         r = olga.post("/operator/years/close",
-                      data={"csrf_token": csrf_of(page.text), "contract_id": "C-A", "year": "1"},
+                      data={"csrf_token": csrf_of(confirm.text), "contract_id": "C-A",
+                            "year": "1"},
                       follow_redirects=True)
         assert r.status_code == 200 and "missed" in r.text
     with TestClient(app) as alice:
         login(alice, seed.users["a"])
         credits = alice.get("/contracts/C-A/credits").text
-        assert "guarantee missed" in credits and "250000.00 USD" in credits
+        assert "guarantee missed" in credits and "250,000.00 USD" in credits
         assert alice.get("/api/v1/contracts/C-A/sla", params={"year": 1}).json()["credit"][
             "amount"] == "250000.00"
     with TestClient(app) as finn:
         login(finn, seed.users["fin"])
         page = finn.get("/finance").text
-        assert "CN-C-A-Y1" in page
+        assert "CN-C-A-Y1" in page and "250,000.00 USD" in page
         for fmt, magic in (("csv", b"credit"), ("json", b"{"), ("xlsx", b"PK")):
             r = finn.post(f"/finance/export.{fmt}", data={"csrf_token": csrf_of(page)})
             assert r.status_code == 200 and magic in r.content[:200], fmt

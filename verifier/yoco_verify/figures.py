@@ -173,7 +173,9 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
             "rolled_back": str(fg.rolled_back_failures),
             "failed": str(fg.failed_failures),
             "pending": str(fg.pending_failures),
-            "rate": display.rate_text(fg.resolved_failures, fg.covered_failures),
+            "rate": display.rate_text(
+                fg.resolved_failures, fg.covered_failures, terms.threshold_percent
+            ),
             "verdict": v.word,
             "excluded": str(fg.excluded_failures),
             "not_covered": str(fg.not_covered_failures),
@@ -192,7 +194,7 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
     credit = credit_view(led, k)
     problems: list[str] = []
     if credit:
-        text = f"{credit['amount']} {credit['currency'] or cur} ({credit['status']})"
+        text = display.credit_text(credit, cur)
     elif closed_year and not fy.guarantee_met:
         text = "none recorded yet: the credit is issued at the year close"
     else:

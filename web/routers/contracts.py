@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from billing.money import format_money
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep, caller
 from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
 from web.render import fragment, page
-from web.views import YearView, elapsed_share, projected_margin
+from web.views import elapsed_share, projected_margin, year_verdict
 
 router = APIRouter(include_in_schema=False)
 
@@ -32,34 +34,6 @@ def home(request: Request, portal: PortalDep) -> Response:
     return RedirectResponse("/contracts", status_code=303)
 
 
-def verdict(view: YearView) -> dict[str, Any]:
-    """The headline of a year: its state (met / on_track / at_risk / missed) and a sentence."""
-    f = view.figures
-    ended = view.now >= view.end
-    threshold = format(f.threshold_percent, "f")
-    if f.covered_failures == 0:
-        return {
-            "state": "met" if ended else "on_track",
-            "text": "No covered failures"
-            + (" in this contract year: the guarantee was met." if ended else " so far."),
-        }
-    rate = f"{100 * f.resolved_failures / f.covered_failures:.1f} %"
-    if f.guarantee_met:
-        return {
-            "state": "met" if ended else "on_track",
-            "text": f"{rate} of covered failures resolved by live migration — "
-            + ("the guaranteed " if ended else "at or above the guaranteed ")
-            + f"{threshold} %"
-            + (" was met." if ended else "."),
-        }
-    return {
-        "state": "missed" if ended else "at_risk",
-        "text": f"{rate} of covered failures resolved by live migration — below the "
-        f"guaranteed {threshold} %"
-        + (": a renewal credit is due." if ended else " so far this year."),
-    }
-
-
 @router.get("/contracts")
 def contract_list(request: Request, user: UserDep, db: PageDb, portal: PortalDep) -> Response:
     """The caller's contracts with their current year at a glance (one contract: its page)."""
@@ -71,7 +45,9 @@ def contract_list(request: Request, user: UserDep, db: PageDb, portal: PortalDep
     for c in rows:
         view = services.year_view(db, user, portal.views, c.contract_id, None, now)
         at_risk, _margin = projected_margin(view)
-        items.append({"contract": c, "view": view, "verdict": verdict(view), "at_risk": at_risk})
+        items.append(
+            {"contract": c, "view": view, "verdict": year_verdict(view), "at_risk": at_risk}
+        )
     return page(request, "contracts.html", {"items": items})
 
 
@@ -98,7 +74,11 @@ def _dashboard(
     def render() -> Any:
         lost_cost = None
         if contract.gpu_hour_price is not None:
-            lost_cost = view.figures.lost_gpu_hours * contract.gpu_hour_price
+            lost_cost = format_money(
+                Fraction(view.figures.lost_gpu_seconds) * Fraction(contract.gpu_hour_price)
+                / 3600,
+                contract.currency,
+            )
         return fragment(
             request,
             "dashboard_body.html",
@@ -106,7 +86,7 @@ def _dashboard(
                 "view": view,
                 "contract": contract,
                 "f": view.figures,
-                "verdict": verdict(view),
+                "verdict": year_verdict(view),
                 "credit": view.credit,
                 "closed": view.closed,
                 "years": list(range(1, contract.term_years + 1)),

@@ -120,6 +120,7 @@ def failure_page(
             "contract": detail.contract,
             "tz": detail.contract.timezone,
             "can_dispute": user.role == "customer",
+            "disputed": request.query_params.get("disputed") == "1",
             "verifier_key": portal.verifier_key,
             "section": "failures",
         },
@@ -174,6 +175,6 @@ def open_dispute(
             now=portal.now(),
         )
     return RedirectResponse(
-        f"/contracts/{contract_id}/failures/{fid}#disputes",
+        f"/contracts/{contract_id}/failures/{fid}?disputed=1#disputes",
         status_code=303,
     )

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from web import billing_bridge, services
 from web.deps import CsrfDep, OperatorDep, PageDb, PortalDep
 from web.errors import Invalid
 from web.render import page
-from web.routers.contracts import verdict
-from web.views import elapsed_share, projected_margin
+from web.views import elapsed_share, projected_margin, urgency, year_verdict
 
 router = APIRouter(include_in_schema=False)
 
@@ -29,19 +28,23 @@ def overview(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep)
             {
                 "contract": c,
                 "view": view,
-                "verdict": verdict(view),
+                "verdict": year_verdict(view),
                 "at_risk": at_risk,
                 "margin": margin,
                 "elapsed": elapsed_share(view),
             }
         )
-    items.sort(key=lambda i: (not i["at_risk"], i["margin"], i["contract"].contract_id))
+    items.sort(key=lambda i: (*urgency(i["view"]), i["contract"].contract_id))
     return page(
         request,
         "operator.html",
         {
             "items": items,
             "open_disputes": len(billing_bridge.dispute_queue(db)),
+            "waiting": [
+                r for r in ended_years(db, user, now)
+                if r["close"] is None or r["close"]["needs_adjustment"]
+            ],
             "section": "operator",
         },
     )
@@ -62,11 +65,16 @@ def sign_checkpoints(user: OperatorDep, portal: PortalDep, _csrf: CsrfDep) -> Re
 def disputes(request: Request, user: OperatorDep, db: PageDb) -> Response:
     """Open disputes, oldest first, and the latest decided ones."""
     decided = [d for d in billing_bridge.dispute_queue(db, None) if d["status"] != "open"]
+    queue = billing_bridge.dispute_queue(db)
+    failures = services.failure_summaries(db, [x["failure_event_id"] for x in queue])
+    timezones = {c.contract_id: c.timezone for c in services.visible_contracts(db, user)}
     return page(
         request,
         "disputes.html",
         {
-            "queue": billing_bridge.dispute_queue(db),
+            "queue": queue,
+            "failures": failures,
+            "timezones": timezones,
             "decided": list(reversed(decided))[:50],
             "classes": services.CLASSES,
             "section": "disputes",
@@ -108,12 +116,10 @@ def decide(
     return RedirectResponse("/operator/disputes", status_code=303)
 
 
-@router.get("/operator/years")
-def years(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep) -> Response:
-    """Contract years that have ended: closed (with their verdict) or waiting to be closed."""
+def ended_years(db: Any, user: Any, now: Any) -> list[dict[str, Any]]:
+    """Contract years that have ended by ``now``: waiting to be closed first, then closed."""
     from billing.years import contract_year_bounds
 
-    now = portal.now()
     rows = []
     for c in services.visible_contracts(db, user):
         closes = billing_bridge.year_closes(db, c.contract_id)
@@ -124,10 +130,55 @@ def years(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep) ->
             rows.append({"contract": c, "year": k, "start": start, "end": end,
                          "close": closes.get(k)})
     rows.sort(key=lambda r: (r["close"] is not None, r["end"]))
+    return rows
+
+
+@router.get("/operator/years")
+def years(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep) -> Response:
+    """Contract years that have ended: closed (with their verdict) or waiting to be closed."""
     return page(
         request,
         "years.html",
-        {"rows": rows, "section": "years"},
+        {"rows": ended_years(db, user, portal.now()), "section": "years"},
+    )
+
+
+@router.get("/operator/years/confirm")
+def confirm_close(
+    request: Request,
+    user: OperatorDep,
+    db: PageDb,
+    portal: PortalDep,
+    contract_id: Annotated[str, Query(max_length=200)] = "",
+    year: Annotated[int, Query(ge=1, le=100)] = 1,
+) -> Response:
+    """What closing a year will record (its verdict, and the credit if it was missed),
+    with the button that does it: a credit is never issued by a single click."""
+    from billing.money import credit_minor_units, format_money
+
+    now = portal.now()
+    view = services.year_view(db, user, portal.views, contract_id, year, now)
+    if view.end > now:
+        raise Invalid(f"Contract year {year} of {contract_id} has not ended yet.")
+    v = year_verdict(view)
+    c = view.contract
+    credit = None
+    if not v.guarantee_met:
+        credit = format_money(
+            credit_minor_units(c.credit_base, view.terms.credit_percent, c.currency),
+            c.currency, minor=True,
+        )
+    return page(
+        request,
+        "year_close.html",
+        {
+            "view": view,
+            "verdict": v,
+            "credit": credit,
+            "credit_base": format_money(c.credit_base, c.currency),
+            "close": view.closed,
+            "section": "years",
+        },
     )
 
 

@@ -1,0 +1,81 @@
+"""The portal's details, as its users read them (TestClient; the browser test looks too)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.web.conftest import csrf_of
+
+
+def test_unresolved_card_lists_every_unresolved_failure(client_for) -> None:
+    alice = client_for("a")
+    html = alice.get("/contracts/C-A").text
+    card = html.split('<span class="label">Unresolved</span>', 1)[0].rsplit("<a ", 1)[1]
+    assert "status=unresolved" in card
+    # Seed C-A: one rolled back, one pending (the failed one is excluded by cause).
+    listed = alice.get("/contracts/C-A/failures", params={"status": "unresolved"}).text
+    assert "2 failures match" in listed
+    assert "rolled back" in listed and "pending" in listed
+
+
+def test_failure_page_reads_as_words(client_for, seed) -> None:
+    alice = client_for("a")
+    resolved = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}").text
+    title = re.search(r"<title>([^<]+)</title>", resolved).group(1)
+    assert seed.failures["C-A"][0] not in title and "Unplanned failure: gpu lost" in title
+    # 8 GPUs × 2.5 s of recovery: 20 GPU-seconds = 0.0056 GPU-hours, not "0.01", and why.
+    assert 'data-test="lost-gpu-hours">0.0056<' in resolved
+    assert "8 GPUs × (2.5 s recovery)" in resolved
+    # Labelled fields, formatted values; no raw field names.
+    assert "<dt>Recovery time</dt><dd>2.5 s</dd>" in resolved
+    assert "recovery seconds" not in resolved and "<dt>job</dt>" not in resolved
+    # The proof link opens like any link: a 409 page is not cancelled as a download.
+    assert not re.search(r"/proof\"[^>]*\bdownload\b", resolved)
+    rolled = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][1]}").text
+    assert 'class="t-outcome tone-warn"' in rolled  # a rolled-back outcome is not green
+    assert 'class="t-outcome tone-ok"' in resolved
+
+
+def test_proof_of_an_entry_no_checkpoint_covers_explains_itself(client_for, seed) -> None:
+    alice = client_for("a")
+    page = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][1]}")
+    r = alice.post(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}/disputes",
+                   data={"csrf_token": csrf_of(page.text), "reason": "check"},
+                   follow_redirects=False)
+    assert r.status_code == 303 and "disputed=1" in r.headers["location"]
+    html = alice.get(r.headers["location"]).text
+    dispute_id = re.findall(r'/entries/([0-9a-f-]{36})/proof" data-test="proof-dispute"', html)
+    assert dispute_id, "the new dispute's entry has a proof link"
+    proof = alice.get(f"/contracts/C-A/entries/{dispute_id[-1]}/proof")
+    assert proof.status_code == 409 and "signed checkpoint" in proof.text
+
+
+def test_disputes_queue_has_no_default_decision_and_shows_the_outcome(client_for) -> None:
+    olga = client_for("op")
+    html = olga.get("/operator/disputes").text
+    assert 'type="radio"' in html and "checked" not in html
+    assert 'class="primary"' not in html.split("<h1", 1)[1]
+    assert 'data-test="dispute-failure"' in html and "rolled back" in html
+    assert "120 lost steps" in html
+    # Without a chosen decision the desk gets a clear refusal, nothing recorded.
+    did = re.search(r'action="/operator/disputes/([0-9a-f-]+)"', html).group(1)
+    r = olga.post(f"/operator/disputes/{did}", data={"csrf_token": csrf_of(html), "note": "x"})
+    assert r.status_code in (400, 422) and "Choose" in r.text
+
+
+def test_pages_have_landmarks_a_skip_link_and_no_empty_headers(client_for) -> None:
+    alice = client_for("a")
+    for path in ("/contracts/C-A", "/contracts/C-A/failures", "/contracts/C-A/credits"):
+        html = alice.get(path).text
+        assert '<a class="skip-link" href="#main">' in html and '<main id="main"' in html
+        assert 'class="contract-bar" role="region" aria-label="Contract C-A"' in html
+        assert "<th></th>" not in html
+    docs = alice.get("/api/docs").text
+    assert "`" not in docs.split("<main", 1)[1] and "<code>" in docs
+
+
+def test_money_and_times_in_the_contracts_zone(client_for) -> None:
+    olga = client_for("op")
+    html = olga.get("/contracts/C-A2").text  # America/New_York
+    assert "dates and times in America/New_York" in html
+    assert "2026-01-01 to 2027-01-01" in html
