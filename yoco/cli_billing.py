@@ -72,10 +72,25 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
+def _money(credit: dict[str, Any], key: str = "amount") -> str:
+    """An amount of a credit with separators and the currency (billing.money.format_money)."""
+    from decimal import Decimal
+
+    from billing.money import format_money
+
+    return format_money(Decimal(credit[key]), credit["currency"])
+
+
 def _print_close(r: Any) -> None:
-    verdict = "met" if r.guarantee_met else "NOT met"
+    from decimal import Decimal
+
+    from billing.verdict import verdict as judge
+
     fig = r.figures
-    rate = fig["resolution_rate"] or "no covered failures"
+    v = judge(fig["resolved_failures"], fig["covered_failures"],
+              Decimal(fig["threshold_percent"]), True)
+    verdict = v.word if v.covered else "met (no covered failures)"
+    rate = v.rate
     if r.action == "unchanged":
         head = f"{r.contract_id} year {r.year}: already closed at {r.closed_at} (no change)"
     elif r.action == "adjusted":
@@ -84,18 +99,18 @@ def _print_close(r: Any) -> None:
         head = f"{r.contract_id} year {r.year}: closed"
     out.print(
         f"{head} — {fig['resolved_failures']}/{fig['covered_failures']} resolved "
-        f"(rate {rate}, threshold {fig['threshold_percent']}%): guarantee {verdict}",
+        f"(rate {rate}, threshold {fig['threshold_percent']} %): guarantee {verdict}",
         highlight=False,
     )
     if r.credit_issued and r.credit:
         c = r.credit
         out.print(
-            f"  credit issued: {c['credit_note']} {c['amount']} {c['currency']}", highlight=False
+            f"  credit issued: {c['credit_note']} {_money(c)}", highlight=False
         )
     elif r.credit:
         c = r.credit
         out.print(
-            f"  credit: {c['credit_note']} {c['amount']} {c['currency']} ({c['status']})",
+            f"  credit: {c['credit_note']} {_money(c)} ({c['status']})",
             highlight=False,
         )
     if r.voided:
@@ -225,14 +240,14 @@ def status_cmd(
     else:
         out.print(
             f"{contract_id} year {year}: closed at {st['closed_at']}, guarantee "
-            f"{'met' if st['guarantee_met'] else 'NOT met'}, {st['adjustments']} adjustment(s)"
+            f"{'met' if st['guarantee_met'] else 'missed'}, {st['adjustments']} adjustment(s)"
             + (", PENDING ADJUSTMENT" if st["pending_adjustment"] else ""),
             highlight=False,
         )
     if cr:
         out.print(
-            f"  credit {cr['credit_note']}: {cr['amount']} {cr['currency']} ({cr['status']}), "
-            f"applied {cr['applied_amount']}, remaining {cr['remaining_amount']}",
+            f"  credit {cr['credit_note']}: {_money(cr)} ({cr['status']}), applied "
+            f"{_money(cr, 'applied_amount')}, remaining {_money(cr, 'remaining_amount')}",
             highlight=False,
         )
 

@@ -59,7 +59,7 @@ def test_help_on_every_billing_command() -> None:
 
 def test_close_apply_export_and_verify(ledger, engine, tmp_path: Path) -> None:
     out = yoco("billing", "close-year", "C-1", "--year", "1")
-    assert "guarantee NOT met" in out and "CN-C-1-Y1 250000.00 USD" in out
+    assert "guarantee missed" in out and "CN-C-1-Y1 250,000.00 USD" in out
     assert "already closed" in yoco("billing", "close-year", "C-1", "--year", "1")
     data = json.loads(yoco("billing", "close-due", "--json"))
     assert [(d["contract_id"], d["year"], d["action"]) for d in data] == [("C-2", 1, "closed")]
