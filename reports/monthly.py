@@ -509,9 +509,9 @@ def prepare_monthly_report(
             "excluded": fg.excluded_failures,
             "not_covered": fg.not_covered_failures,
             "total": fg.total_failures,
-            "verdict": (v := verdict(
+            "verdict": verdict(
                 fg.resolved_failures, fg.covered_failures, terms.threshold_percent, closed
-            )),
+            ),
             "rate": _rate(fg.resolved_failures, fg.covered_failures, terms.threshold_percent),
             "allocated": _hours(fg.allocated_gpu_seconds),
             "lost": _hours(fg.lost_gpu_seconds),

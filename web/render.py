@@ -206,9 +206,10 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
             'class="grid"/>'
         )
         if abs(tick - thr) >= step / 2.5:  # the threshold's own label takes this place
+            minor = "" if tick % 50 == 0 else " minor"  # hidden on a phone
             parts.append(
-                f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick" text-anchor="end">'
-                f"{tick}%</text>"
+                f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick y{minor}" '
+                f'text-anchor="end">{tick}%</text>'
             )
     for i, m in enumerate(months):
         cx = _LEFT + slot * i + slot / 2

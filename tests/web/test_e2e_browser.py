@@ -199,6 +199,17 @@ def old_year(seeded):
     return seeded
 
 
+def _routes(routes) -> list[tuple[str, set[str]]]:
+    """(path, methods) of every route, through included routers (none has a prefix)."""
+    out: list[tuple[str, set[str]]] = []
+    for r in routes:
+        if hasattr(r, "path"):
+            out.append((r.path, set(getattr(r, "methods", None) or {"GET"})))
+        elif hasattr(r, "original_router"):
+            out.extend(_routes(r.original_router.routes))
+    return out
+
+
 def _check(page, base: str, name: str, url: str, width: str, problems: list[str]) -> None:
     w, h = WIDTHS[width]
     page.set_viewport_size({"width": w, "height": h})
@@ -234,8 +245,8 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
     ctx, seed = old_year
     app = create_app(ctx, WebSettings(secret_key="enumerate"))
     routes = {
-        r.path for r in app.routes
-        if "GET" in getattr(r, "methods", {"GET"}) and not r.path.startswith("/api/v1")
+        path for path, methods in _routes(app.routes)
+        if "GET" in methods and not path.startswith("/api/v1")
     }
     fid_resolved, fid_rolled = seed.failures["C-A"][0], seed.failures["C-A"][1]
     pages: list[tuple[str | None, str, str, str]] = [  # (user, name, url, route)

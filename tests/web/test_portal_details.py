@@ -79,3 +79,28 @@ def test_money_and_times_in_the_contracts_zone(client_for) -> None:
     html = olga.get("/contracts/C-A2").text  # America/New_York
     assert "dates and times in America/New_York" in html
     assert "2026-01-01 to 2027-01-01" in html
+
+
+def test_chart_labels_agree_with_their_colour() -> None:
+    from datetime import UTC, datetime
+    from decimal import Decimal
+    from types import SimpleNamespace
+
+    from web.render import monthly_chart
+    from web.views import MonthFigures
+
+    def month(label: str, resolved: int, covered: int, threshold: int) -> MonthFigures:
+        figs = SimpleNamespace(resolved_failures=resolved, covered_failures=covered,
+                               guarantee_met=resolved * 100 >= covered * threshold)
+        t = datetime(2026, 1, 1, tzinfo=UTC)
+        return MonthFigures(label, t, t, figs)  # type: ignore[arg-type]
+
+    svg = str(monthly_chart([month("2026-01", 948, 1000, 95),
+                             month("2026-02", 22499, 25000, 95),
+                             month("2026-03", 95, 100, 95)], Decimal(95)))
+    bars = re.findall(r'class="bar (ok|miss)">.*?</rect><text[^>]*class="val"[^>]*>([^<]+)<', svg)
+    assert bars == [("miss", "94.80"), ("miss", "90.00"), ("ok", "95.00")]
+    # The threshold's label sits on the axis, away from the last month's label.
+    assert 'class="threshold-label" text-anchor="end">95%<' in svg
+    svg = str(monthly_chart([month("2026-01", 22499, 25000, 90)], Decimal(90)))
+    assert 'class="bar miss"' in svg and ">89.99<" in svg  # never "90.00" on a red bar
