@@ -157,6 +157,7 @@ NOT_PAGES = {
     "/", "/public-key", "/contracts/{contract_id}/entries/{event_id}/proof",
     "/contracts/{contract_id}/reports/{month}.pdf", "/contracts/{contract_id}/checkpoints/consistency",
     "/finance/export.{fmt}", "/api/openapi.json", "/static",
+    "/contracts/{contract_id}/log.tar.gz",
 }
 
 
