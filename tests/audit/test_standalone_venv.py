@@ -89,7 +89,7 @@ def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
               "--public-key", str(world["key_file"]),
               "--report", f"{stem}.pdf", "--report", f"{stem}.html")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "Resolution rate (year to date): 80.95% (17 of 21)  matches" in res.stdout
+    assert "Resolution rate (year to date): 80.95 % (17 of 21)  matches" in res.stdout
     assert res.stdout.rstrip().endswith("every figure matches")
     # The same installed verifier refuses a report with one figure changed.
     html = Path(f"{stem}.html").read_text()
