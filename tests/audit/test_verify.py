@@ -259,7 +259,7 @@ def test_pdf_whose_page_lies_is_refused(world, capsys) -> None:
     stem = world["reports"]["C-TIP 2026-03"]
     html = Path(f"{stem}.html").read_text()
     row = re.search(r'data-figure="rate"><th>[^<]*</th><td class="num">([^<]*)</td>', html)
-    assert row is not None and row.group(1) == "33.33% (2 of 6)"
+    assert row is not None and row.group(1) == "33.33 % (2 of 6)"
     forged = world["tmp"] / "forged.pdf"
     forged.write_bytes(html_to_pdf(html.replace(row.group(0), row.group(0).replace(
         row.group(1), "100.00% (6 of 6)"))))

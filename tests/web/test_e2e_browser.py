@@ -223,10 +223,14 @@ def _check(page, base: str, name: str, url: str, width: str, problems: list[str]
     scroll, client = page.evaluate(
         "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     if scroll > client:
-        wide = page.evaluate("""() => [...document.querySelectorAll('body *')]
-            .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
-            .slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' +
-                             Math.round(e.getBoundingClientRect().right))""")
+        wide = page.evaluate("""() => {
+            const cw = document.documentElement.clientWidth;
+            const inScroller = e => { for (let a = e.parentElement; a; a = a.parentElement) {
+                if (getComputedStyle(a).overflowX !== 'visible') return true; } return false; };
+            return [...document.querySelectorAll('body *')]
+              .filter(e => e.getBoundingClientRect().right > cw + 1 && !inScroller(e))
+              .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' +
+                               Math.round(e.getBoundingClientRect().right)); }""")
         problems.append(f"{name} at {w} px scrolls sideways ({scroll} > {client}): {wide}")
     if not page.evaluate("typeof axe !== 'undefined'"):
         page.evaluate(AXE.read_text(encoding="utf-8"))
