@@ -21,14 +21,20 @@ from billing.verdict import format_number, format_percent, format_rate, format_s
 from web.views import MonthFigures, month_verdict
 
 
-def pct(value: Decimal | None, places: int = 2) -> str:
+def _exact(value: Decimal | float | int | None) -> Decimal | int | None:
+    # A float reaching a page is an estimate (a forecast's probability), never a figure:
+    # written through its shortest decimal text, then formatted like everything else.
+    return Decimal(repr(value)) if isinstance(value, float) else value
+
+
+def pct(value: Decimal | float | None, places: int = 2) -> str:
     """A share (0.934) as a percentage ("93.40 %"); "—" for None (billing's formatter)."""
-    return format_percent(value, places)
+    return format_percent(_exact(value), places)
 
 
-def num(value: Decimal | int | None, places: int = 0) -> str:
+def num(value: Decimal | float | int | None, places: int = 0) -> str:
     """A number with thousands separators and ``places`` decimals; "—" for None."""
-    return format_number(value, places)
+    return format_number(_exact(value), places)
 
 
 def gpu_hours(seconds: Decimal | int | None) -> str:
