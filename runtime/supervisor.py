@@ -817,10 +817,15 @@ class Supervisor:
             if slot not in self.members or slot in self.moving:
                 log.warning("drain request for unknown or moving worker %s ignored", slot)
                 continue
+            # Dated when the operator asked (the request's own time, never in the future).
+            try:
+                asked = min(float(req.get("t") or 0.0), time.time()) or time.time()
+            except (TypeError, ValueError):
+                asked = time.time()
             self.moves.append(Move(slot=slot, failure_class=FailureClass.PLANNED,
                                    cause="maintenance",
-                                   detail=str(req.get("reason") or "").strip() or "drain",
-                                   detected=time.time()))
+                                   detail=str(req.get("reason") or "").strip()[:500] or "drain",
+                                   detected=asked))
 
     def _handle_moves(self) -> None:
         if not self.moves or self.recovery.active:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -505,3 +506,46 @@ def test_a_supervisor_error_stops_the_workers_and_records_the_end(
     assert recs[-1]["kind"] == "job_finished"
     committed = int((tmp_path / "runs" / "bug" / "committed").read_text().split()[0])
     assert committed < 200  # stopped, not trained on to the end
+
+
+def test_a_drain_waiting_for_a_spare_is_visible_and_dated_when_requested(
+        tmp_path: Path) -> None:
+    """One spare, replaced by a cold process (seconds): a second drain filed right after
+    the first waits for it, status.json lists it meanwhile, and its failure record is
+    dated when it was requested, not when it was served."""
+    from runtime.control import drain
+
+    run_dir = tmp_path / "runs" / "queued"
+    cfg = _config(tmp_path, "queued", steps=120, sleep=0.1, fork_spares=False)
+    seen: list[dict[str, Any]] = []
+
+    def drain_both() -> None:
+        drain("queued", "w0", runs_root=tmp_path / "runs")
+        deadline = time.time() + 120
+        while time.time() < deadline:  # the first move under way: the spare is used
+            status = json.loads((run_dir / "status.json").read_text())
+            if "w2" in status["members"]:
+                break
+            time.sleep(0.01)
+        drain("queued", "w1", runs_root=tmp_path / "runs")
+        while time.time() < deadline:
+            status = json.loads((run_dir / "status.json").read_text())
+            if status["moves_pending"]:
+                seen.append(status)
+                return
+            time.sleep(0.01)
+
+    _when_step(run_dir, 4, drain_both)
+    sink = JsonlFileSink(tmp_path / "queued.records.jsonl")
+    result = launch(cfg, sink)
+    assert result.exit_code == 0, result
+    assert seen and seen[0]["moves_pending"][0]["worker"] == "w1"
+    assert seen[0]["moves_pending"][0]["class"] == "planned"
+    recs = sink.read_all()
+    assert _failures(recs) == [("planned", "maintenance", "live_migrated", 0)] * 2
+    _one_outcome_each(recs)
+    fails = [r for r in recs if r["kind"] == "failure"]
+    first_outcome = next(r for r in recs if r["kind"] == "outcome")
+    # Requested while the first move was still under way, served after it.
+    requested = datetime.fromisoformat(fails[1]["occurred_at"])
+    assert requested < datetime.fromisoformat(first_outcome["occurred_at"])
