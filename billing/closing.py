@@ -160,7 +160,7 @@ def close_year(
     contract = in_force.contract
     if not 1 <= year <= in_force.term_years:
         raise PeriodOutOfRange(
-            f"year: {year} is outside contract {contract_id!r}'s term "
+            f"year: {year} is outside the term of contract {contract_id!r} "
             f"(years 1 to {in_force.term_years})"
         )
     start, end = contract_year_bounds(contract.start_date, contract.timezone, year)

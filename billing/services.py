@@ -128,7 +128,7 @@ def check_year(contract: ContractSpec, k: int) -> None:
     """Refuse a contract year outside 1..term_years (:class:`PeriodOutOfRange`)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= contract.term_years:
         raise PeriodOutOfRange(
-            f"year: {k!r} is outside contract {contract.contract_id!r}'s term "
+            f"year: {k!r} is outside the term of contract {contract.contract_id!r} "
             f"(years 1 to {contract.term_years})"
         )
 
@@ -389,8 +389,8 @@ def sla_figures(
         _, last = contract_year_bounds(contract.start_date, contract.timezone, base.term_years)
         if end <= first or start >= last:
             raise PeriodOutOfRange(
-                f"month {month[0]:04d}-{month[1]:02d} is outside contract {contract_id!r}'s "
-                f"term ({first.date().isoformat()} to {last.date().isoformat()})"
+                f"month {month[0]:04d}-{month[1]:02d} is outside the term of contract "
+                f"{contract_id!r} ({first.date().isoformat()} to {last.date().isoformat()})"
             )
         in_force = _in_force(session, contract_id, k or 1, base)
     else:

@@ -434,7 +434,7 @@ def prepare_monthly_report(
     _, last = contract_year_bounds(contract.start_date, tz, term_years)
     if m_end <= first or m_start >= last:
         raise MonthOutOfTerm(
-            f"month {year:04d}-{month:02d} is outside contract {contract_id!r}'s term "
+            f"month {year:04d}-{month:02d} is outside the term of contract {contract_id!r} "
             f"({first.date().isoformat()} to {last.date().isoformat()})"
         )
     cp = select_checkpoint(session, contract_id, checkpoint_size)

@@ -266,6 +266,8 @@ def contracts_list(
                 )
             )
             return
+        from yoco.render import grouped, print_table
+
         table = Table("contract", "customer", "start", "tz", "years", "currency", "annual value")
         for r in rows:
             table.add_row(
@@ -275,9 +277,9 @@ def contracts_list(
                 r.timezone,
                 str(r.term_years),
                 r.currency,
-                str(r.annual_value),
+                grouped(r.annual_value),
             )
-        out.print(table)
+        print_table(out, table)
 
 
 # --- ledger ---------------------------------------------------------------------------
@@ -390,7 +392,7 @@ def ledger_checkpoint() -> None:
 def ledger_prove(
     event_id: Annotated[str, typer.Argument(help="The event id (UUID) of a ledger entry.")],
     out_file: Annotated[
-        Path | None, typer.Option("--out", help="Write the proof here instead of stdout.")
+        Path | None, typer.Option("--out", help="Write the proof to this file (- or none: stdout).")
     ] = None,
 ) -> None:
     """Print a self-contained inclusion proof (JSON) against the latest signed tree head."""
@@ -399,7 +401,7 @@ def ledger_prove(
     with application() as ctx:
         bundle = _unit(ctx, lambda s: inclusion_bundle(s, event_id))
     text = json.dumps(bundle, indent=2, ensure_ascii=False) + "\n"
-    if out_file:
+    if out_file and str(out_file) != "-":
         out_file.write_text(text)
         err.print(f"proof written to {out_file}")
     else:
@@ -554,25 +556,28 @@ def sla(
 
 @app.command("demo")
 def demo(
-    contracts: Annotated[int, typer.Option(help="Sample contracts to create.")] = 3,
+    contracts: Annotated[int, typer.Option(help="Sample contracts to create (1 to 4).")] = 3,
     records: Annotated[
         int,
         typer.Option(
-            help="Target size of the simulated stream (job progress records; "
-            "failures and their outcomes come on top)."
+            help="Simulated job-progress records per contract and contract year (failures, "
+            "their outcomes and the jobs' start and end come on top)."
         ),
-    ] = 20000,
+    ] = 1500,
     seed: Annotated[int, typer.Option(help="Seed of the simulated stream.")] = 7,
     training: Annotated[
         bool, typer.Option("--training/--no-training",
-                           help="Also run a real training job under the runtime (needs torch).")
+                           help="Also run a real training job under the runtime (needs torch; "
+                           "once per ledger).")
     ] = True,
 ) -> None:
-    """The whole story on one machine, on the embedded database.
+    """The product tour on one machine, each step labelled REAL or SIMULATED.
 
-    Contracts, a SIMULATED event stream, a REAL training job under the migration
-    runtime with injected faults, signed checkpoints, verification, an offline
-    proof, and every contract year's figures.
+    Sample contracts, a SIMULATED event stream up to today, a REAL training job under the
+    migration runtime with injected faults, signed checkpoints and verification, ended
+    years closed with their credits, every year's figures, last month's HTML and PDF
+    reports, the finance export, an inclusion proof checked offline, and the portal's
+    demo logins. Files go to $YOCO_DATA_DIR/demo. Running it again changes nothing.
     """
     from yoco.demo import run_demo
 

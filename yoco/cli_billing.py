@@ -173,7 +173,7 @@ def close_due_cmd(
 ) -> None:
     """Close every contract year that has ended and is not closed yet (the scheduler's run).
 
-    Credits are claim-free: `yoco serve` runs this every hour in the background, and a
+    Credits are claim-free: 'yoco serve' runs this every hour in the background, and a
     cron entry, systemd timer or Kubernetes CronJob can run it too (deploy/). Idempotent
     and safe from several places at once: a run takes a PostgreSQL advisory lock, and a
     run that finds another one at work does nothing (exit 0). A year is never closed
@@ -215,7 +215,7 @@ def status_cmd(
 ) -> None:
     """Whether a contract year is open, ended and closing, or closed; and its credit.
 
-    Ended years are closed automatically (by `yoco serve`'s scheduler or a close-due
+    Ended years are closed automatically (by the scheduler in 'yoco serve', or a close-due
     timer); the status says when the year's credit, if the guarantee is missed, is issued.
     """
     from billing.schedule import year_phase
@@ -267,18 +267,20 @@ def credits_cmd(
     if as_json:
         _print_json(rows)
         return
+    from yoco.render import grouped, print_table
+
     table = Table("credit note", "year", "amount", "currency", "status", "applied", "remaining")
     for c in rows:
         table.add_row(
             c["credit_note"],
             str(c["year"]),
-            c["amount"],
+            grouped(c["amount"]),
             c["currency"],
             c["status"],
-            c["applied_amount"],
-            c["remaining_amount"],
+            grouped(c["applied_amount"]),
+            grouped(c["remaining_amount"]),
         )
-    out.print(table)
+    print_table(out, table)
 
 
 @billing_app.command("apply")
@@ -331,7 +333,7 @@ def apply_cmd(
 @billing_app.command("export")
 def export_cmd(
     fmt: Annotated[str, typer.Option("--format", help="csv, xlsx or json.")],
-    out_file: Annotated[Path, typer.Option("--out", help="File to write.")],
+    out_file: Annotated[Path, typer.Option("--out", help="File to write (-: standard output).")],
     since: Annotated[
         str | None, typer.Option(help="Only credits issued on or after DATE (UTC).")
     ] = None,
@@ -355,6 +357,14 @@ def export_cmd(
             ctx,
             lambda s: export_credits(s, fmt, since=since_d, statuses=status, contract_id=contract),
         )
+    if str(out_file) == "-":
+        import sys
+
+        sys.stdout.buffer.write(r.data)
+        sys.stdout.buffer.flush()
+        err.print(f"export {r.batch_id}: {r.row_count} credit(s) (sha256 {r.sha256})",
+                  highlight=False)
+        return
     out_file.write_bytes(r.data)
     out.print(
         f"export {r.batch_id}: {r.row_count} credit(s) → {out_file} (sha256 {r.sha256})",

@@ -67,7 +67,7 @@ def monthly(
     """Write one monthly SLA report per contract (HTML and PDF) and record each in the ledger.
 
     Each report is computed over one signed checkpoint of the contract's log and says
-    which; its SHA-256 digests are appended to that log as a ``report`` entry (issuing
+    which; its SHA-256 digests are appended to that log as a report entry (issuing
     the same report again records nothing new).  Contracts that cannot be reported
     (no signed checkpoint yet, …) are listed at the end and make the exit status 2.
     """

@@ -37,7 +37,7 @@ def serve(
         float,
         typer.Option(min=0, help="Minutes between the background runs that close ended "
                      "contract years and issue their credits (0: off, e.g. when a cron "
-                     "entry or CronJob runs `yoco billing close-due` instead)."),
+                     "entry or CronJob runs 'yoco billing close-due' instead)."),
     ] = 60.0,
 ) -> None:
     """Run the portal and the JSON API (uvicorn), on the embedded database by default.
@@ -212,7 +212,7 @@ def tokens_create(
     if contract:
         scope.append("post records for " + ", ".join(sorted(set(contract))))
     if customer:
-        scope.append(f"read {customer!r}'s data")
+        scope.append(f"read the data of customer {customer!r}")
     err.print(f"token {prefix} ({name}) may " + " and ".join(scope) + ".", highlight=False)
     err.print("It is shown once, now; store it as a secret:", highlight=False)
     print(made.text)

@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+
+
+def grouped(value: Any, places: int | None = None) -> str:
+    """A decimal number with thousands separators: ``13,625,026.57`` (``places`` rounds,
+    half-even; None keeps the digits given). Money keeps its currency's digits."""
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation:
+        return str(value)
+    if places is not None:
+        d = d.quantize(Decimal(1).scaleb(-places))
+    return f"{d:,}"
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` whole: never cut to 80 columns when the output is not a terminal
+    (a pipe or a file gets the table's natural width), and on a terminal long ids fold
+    rather than end in an ellipsis."""
+    for column in table.columns:
+        column.overflow = "fold"
+    width = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    if console.is_terminal or width <= console.width:
+        console.print(table)
+    else:  # rich caps a print's width at the console's: print through a wide one
+        Console(file=console.file, width=width, color_system=None).print(table)
 
 
 def sla_table(report: Any) -> Table:
@@ -40,8 +67,9 @@ def sla_table(report: Any) -> Table:
         ("excluded / not covered", f"{j['excluded_failures']} / {j['not_covered_failures']}"),
         ("resolution rate", v.rate_with_counts),
         (f"guarantee (≥ {j['threshold_percent']} %)", verdict),
-        ("allocated GPU-hours", j["allocated_gpu_hours"]),
-        ("lost GPU-hours", j["lost_gpu_hours"]),
+        # Six decimals as the report writes them (billing.display.hours_text), grouped.
+        ("allocated GPU-hours", grouped(j["allocated_gpu_hours"])),
+        ("lost GPU-hours", grouped(j["lost_gpu_hours"])),
         ("goodput", j["goodput"]),
     ]
     credit = j.get("credit")
@@ -66,4 +94,4 @@ def _money(credit: dict[str, Any]) -> str:
 
 def print_sla(console: Console, report: Any) -> None:
     """Print one period's figures as a table."""
-    console.print(sla_table(report))
+    print_table(console, sla_table(report))

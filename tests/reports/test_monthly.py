@@ -353,7 +353,7 @@ def test_refusals_are_clear(seed: Callable[..., None], app_ctx: Any, tmp_path: P
     with unit_of_work(app_ctx.engine) as s:
         with pytest.raises(NoCheckpoint, match="yoco ledger checkpoint"):
             rm.build_monthly_report(s, "C-QUIET", 2026, 3)
-        with pytest.raises(MonthOutOfTerm, match="outside contract 'C-QUIET'"):
+        with pytest.raises(MonthOutOfTerm, match="outside the term of contract 'C-QUIET'"):
             rm.build_monthly_report(s, "C-QUIET", 2080, 1)
         with pytest.raises(BadMonth):
             rm.build_monthly_report(s, "C-QUIET", 2026, 13)
