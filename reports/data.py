@@ -182,13 +182,11 @@ def _reclassifications(
     """Per failure, its latest reclassification under the checkpoint: (class, cause, reason).
 
     Reclassifications are billing's (a dispute resolved by correcting a failure's class or
-    cause); with no billing tables in this schema there are none.  Latest = greatest
-    ``occurred_at``, then ``seq``, then event id, as billing orders them.
+    cause).  Latest = greatest ``occurred_at``, then ``seq``, then event id, as billing
+    orders them.
     """
-    try:
-        from billing.models import Reclassification
-    except ImportError:  # pragma: no cover - billing without disputes
-        return {}
+    from billing.models import Reclassification
+
     rows = session.execute(
         select(
             cast(Reclassification.failure_event_id, Text),

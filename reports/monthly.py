@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import inspect
 import json
 import re
 import uuid
@@ -36,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from billing import services as billing_services
 from billing import sla
+from billing.amendments import contract_in_force
 from billing.display import Verdict, verdict
 from billing.display import cost_text as _cost
 from billing.display import credit_text as credit_words
@@ -44,13 +44,12 @@ from billing.display import hours_text as _hours
 from billing.display import money_text as _money
 from billing.display import plain as _plain
 from billing.display import rate_text as _rate
-from billing.services import terms_of
 from billing.terms import Terms
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
 from ledger.checkpoints import latest
-from ledger.contracts import get_contract, list_contracts
+from ledger.contracts import list_contracts
 from ledger.models import Checkpoint, JournalEntry
 from ledger.records import ContractSpec
 from reports import charts
@@ -163,14 +162,8 @@ def select_checkpoint(
 def _in_force(
     session: Session, contract_id: str, k: int, tree_size: int | None = None
 ) -> tuple[ContractSpec, Terms, int]:
-    """The contract, terms and term length in force for contract year ``k``: after
-    billing's amendments where billing records them (as ``yoco sla`` uses), else as
-    recorded."""
-    try:
-        from billing.amendments import contract_in_force
-    except ImportError:  # pragma: no cover - billing without amendments
-        contract = get_contract(session, contract_id)
-        return contract, terms_of(contract), contract.term_years
+    """The contract, terms and term length in force for contract year ``k``, after
+    billing's amendments (as ``yoco sla`` uses them)."""
     f = contract_in_force(session, contract_id, k, tree_size=tree_size)
     return f.contract, f.terms, f.term_years
 
@@ -272,17 +265,7 @@ class RecordedReport:
 def _credit_status(
     session: Session, contract_id: str, k: int, tree_size: int
 ) -> dict[str, Any] | None:
-    fn = getattr(billing_services, "credit_status", None)
-    if fn is None:
-        return None
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        params = {}  # type: ignore[assignment]
-    if "tree_size" in params:
-        result = fn(session, contract_id, k, tree_size=tree_size)
-    else:
-        result = fn(session, contract_id, k)
+    result = billing_services.credit_status(session, contract_id, k, tree_size=tree_size)
     return dict(result) if result else None
 
 

@@ -6,7 +6,7 @@ Built lazily by the CLI and the web app; nothing here runs at import time.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from yoco.settings import Settings, get_settings
 
@@ -92,30 +92,22 @@ class App:
             self.engine.dispose()
 
 
-def _billing_projections() -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module("billing.projections")
-    except ModuleNotFoundError as exc:
-        if exc.name != "billing.projections":
-            raise
-        return None
-
-
 def extra_projectors() -> tuple[Projector, ...]:
     """Projectors the composition root wires into the ledger (billing's entry kinds)."""
-    module = _billing_projections()
-    return tuple(module.PROJECTORS) if module else ()
+    from billing import projections
+
+    return tuple(projections.PROJECTORS)
 
 
 def extra_projection_tables() -> tuple[str, ...]:
     """Tables of the projectors of :func:`extra_projectors`, children first."""
-    module = _billing_projections()
-    return tuple(module.TABLES) if module else ()
+    from billing import projections
+
+    return tuple(projections.TABLES)
 
 
 def extra_projected_kinds() -> frozenset[str]:
     """Entry kinds the projectors of :func:`extra_projectors` read."""
-    module = _billing_projections()
-    return frozenset(module.KINDS) if module else frozenset()
+    from billing import projections
+
+    return frozenset(projections.KINDS)

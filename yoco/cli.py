@@ -603,13 +603,11 @@ def _register_optional() -> None:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             # Runtime commands need torch (the ``runtime`` extra): without it the rest
-            # of the CLI still works.  A module of ours that is missing is a bug.
-            if exc.name in (name, "torch"):
+            # of the CLI still works.  Any other missing module is a bug.
+            if exc.name == "torch":
                 continue
             raise
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
+        module.register(app)
 
 
 _registered = False

@@ -226,18 +226,14 @@ def test_closed_year_with_its_credit(
 ) -> None:
     contract, records = sc.closed_year()
     seed([contract], records)
-    try:  # billing's year close, where this tree has it: it issues the credit
-        from billing.closing import close_year
-    except ImportError:  # pragma: no cover
-        close_year = None
-    if close_year is not None:
-        with unit_of_work(app_ctx.engine) as s:
-            close_year(s, "C-CLOSED", 1, signer=app_ctx.signer,
-                       origin_prefix=app_ctx.settings.log_origin)
+    from billing.closing import close_year
+
+    with unit_of_work(app_ctx.engine) as s:  # billing's year close issues the credit
+        close_year(s, "C-CLOSED", 1, signer=app_ctx.signer,
+                   origin_prefix=app_ctx.settings.log_origin)
     with unit_of_work(app_ctx.engine) as s:
         report = rm.build_monthly_report(s, "C-CLOSED", 2025, 12)
-        credit_fn = getattr(billing_services, "credit_status", None)
-        credit = credit_fn(s, "C-CLOSED", 1) if credit_fn else None
+        credit = billing_services.credit_status(s, "C-CLOSED", 1)
     pdf = tmp_path / "closed.pdf"
     pdf.write_bytes(report.pdf)
     text = pdf_text(pdf)
@@ -250,8 +246,7 @@ def test_closed_year_with_its_credit(
     assert "Contract year 1: MISSED" in text and "to date" not in text.split("Figure")[0][-40:]
     assert rate_text(year) == "60.00 % (3 of 5)" and year["standing"] == "missed"
     assert "credit base 520,000.00 EUR (the renewal value)" in text
-    if close_year is not None:
-        assert credit is not None and credit["amount"] == "130000.00"  # 25 % of 520,000.00
+    assert credit is not None and credit["amount"] == "130000.00"  # 25 % of 520,000.00
     if credit:
         assert f"Credit for contract year 1: 130,000.00 EUR ({credit['status']})" in text
         assert year["credit"]["amount"] == credit["amount"]
