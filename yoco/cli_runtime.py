@@ -268,7 +268,7 @@ def _sink_for_run(run_dir: Path, sink: str | None, sink_arg: list[str]) -> Recor
         raise typer.Exit(2) from exc
 
 
-_SINK_HELP = ("Where records go: jsonl:PATH or module:factory (default: as `yoco run` "
+_SINK_HELP = ("Where records go: jsonl:PATH or module:factory (default: as 'yoco run' "
               "chose: the ledger for the job's contract, else RUN_DIR/records.jsonl).")
 
 
