@@ -7,8 +7,11 @@ is exact: results never depend on the ambient ``decimal`` context.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
+
+from ledger.records import CURRENCY_MINOR_UNITS
 
 __all__ = [
     "CURRENCY_EXPONENTS",
@@ -20,29 +23,9 @@ __all__ = [
     "to_minor_units",
 ]
 
-# ISO 4217 minor-unit exponents (list one, as published by the maintenance agency).
-# Codes whose minor unit is "N.A." (precious metals, XDR, testing codes) are left out
-# on purpose: they cannot be priced in minor units.
-_EXPONENT_0 = "BIF CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX UYI VND VUV XAF XOF XPF"
-_EXPONENT_3 = "BHD IQD JOD KWD LYD OMR TND"
-_EXPONENT_4 = "CLF UYW"
-_EXPONENT_2 = (
-    "AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BMD BND BOB BOV BRL BSD "
-    "BTN BWP BYN BZD CAD CDF CHE CHF CHW CNY COP COU CRC CUC CUP CVE CZK DKK DOP DZD "
-    "EGP ERN ETB EUR FJD FKP GBP GEL GHS GIP GMD GTQ GYD HKD HNL HRK HTG HUF IDR ILS "
-    "INR IRR JMD KES KGS KHR KPW KYD KZT LAK LBP LKR LRD LSL MAD MDL MGA MKD MMK MNT "
-    "MOP MRU MUR MVR MWK MXN MXV MYR MZN NAD NGN NIO NOK NPR NZD PAB PEN PGK PHP PKR "
-    "PLN QAR RON RSD RUB SAR SBD SCR SDG SEK SGD SHP SLE SLL SOS SRD SSP STN SVC SYP "
-    "SZL THB TJS TMT TOP TRY TTD TWD TZS UAH USD USN UYU UZS VED VES WST XCD XCG YER "
-    "ZAR ZMW ZWG ZWL"
-)
-
-CURRENCY_EXPONENTS: dict[str, int] = {
-    **{code: 2 for code in _EXPONENT_2.split()},
-    **{code: 0 for code in _EXPONENT_0.split()},
-    **{code: 3 for code in _EXPONENT_3.split()},
-    **{code: 4 for code in _EXPONENT_4.split()},
-}
+#: ISO 4217 minor-unit exponents: the ledger's table (``ledger.records``), the one home
+#: of the currency list, which contract validation already uses.
+CURRENCY_EXPONENTS: Mapping[str, int] = CURRENCY_MINOR_UNITS
 
 
 def minor_unit_exponent(currency: str) -> int:

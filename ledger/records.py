@@ -93,8 +93,8 @@ _DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
 _DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
 _CURRENCY = re.compile(r"[A-Z]{3}")
 
-# ISO 4217 currency codes (list one) with their minor units, the same set as
-# billing/money.py (a test keeps the two equal). Codes for precious metals, SDRs, testing
+# ISO 4217 currency codes (list one) with their minor units: the one home of the list
+# (billing.money takes its exponents from here). Codes for precious metals, SDRs, testing
 # and "no currency" (XAU, XAG, XPD, XPT, XDR, XSU, XUA, XBA-XBD, XTS, XXX) are left out on
 # purpose: a contract is not priced in them.
 _MINOR_0 = "BIF CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX UYI VND VUV XAF XOF XPF"
