@@ -22,6 +22,7 @@ Every function returns timezone-aware datetimes in UTC and refuses naive datetim
 from __future__ import annotations
 
 import calendar
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
@@ -34,6 +35,7 @@ __all__ = [
     "contract_year_dates",
     "local_midnight",
     "month_bounds",
+    "parse_month",
     "require_aware",
     "year_of",
     "years_in_term",
@@ -179,6 +181,20 @@ def year_of(start_date: date, tz: str, instant: datetime) -> int | None:
     while instant >= contract_year_bounds(start_date, tz, k)[1]:
         k += 1
     return k
+
+
+_MONTH_TEXT = re.compile(r"([0-9]{4})-([0-9]{2})")
+
+
+def parse_month(text: object) -> tuple[int, int]:
+    """``"YYYY-MM"`` as ``(year, month)``: the one parser of a month the CLI, the reports
+    and the portal take. Surrounding blanks are ignored; anything else — another shape, a
+    month outside 01..12, a year outside 0001..9998 (the range :func:`month_bounds`
+    covers) — raises ValueError naming what was given."""
+    m = _MONTH_TEXT.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None or not 1 <= int(m.group(2)) <= 12 or not 1 <= int(m.group(1)) <= 9998:
+        raise ValueError(f"a month is YYYY-MM (e.g. 2026-03), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def month_bounds(year: int, month: int, tz: str) -> tuple[datetime, datetime]:

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from billing import services as billing_services
 from billing import sla
+from billing import years as billing_years
 from billing.amendments import contract_in_force
 from billing.display import Verdict, verdict
 from billing.display import cost_text as _cost
@@ -96,18 +97,17 @@ MONTH_NAMES = (
     "January", "February", "March", "April", "May", "June", "July", "August",
     "September", "October", "November", "December",
 )  # fmt: skip
-_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
 
 
 # --------------------------------------------------------------------------- inputs
 
 
 def parse_month(text: str) -> tuple[int, int]:
-    """``"YYYY-MM"`` as ``(year, month)``; :class:`BadMonth` for anything else."""
-    m = _MONTH_RE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if m is None or not 1 <= int(m.group(2)) <= 12 or int(m.group(1)) < 1:
-        raise BadMonth(f"a month is YYYY-MM (e.g. 2026-03), got {text!r}")
-    return int(m.group(1)), int(m.group(2))
+    """``"YYYY-MM"`` as ``(year, month)`` (billing's parser); :class:`BadMonth` otherwise."""
+    try:
+        return billing_years.parse_month(text)
+    except ValueError as exc:
+        raise BadMonth(str(exc)) from None
 
 
 def _check_month(year: int, month: int) -> None:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -452,10 +452,9 @@ def parse_month(value: str | None) -> tuple[int, int] | None:
     """``YYYY-MM`` as (year, month); None for empty; :class:`NotFound` when malformed."""
     if not value:
         return None
+    from billing.years import parse_month as _parse
+
     try:
-        d = date.fromisoformat(value + "-01")
+        return _parse(value)  # years 1..MAX_YEAR: a month's end must be in the calendar
     except ValueError:
         raise NotFound() from None
-    if d.year > MAX_YEAR:  # its end (the 1st of the next month) is past the calendar's
-        raise NotFound()
-    return d.year, d.month

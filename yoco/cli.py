@@ -488,11 +488,12 @@ def verify_proof(
 def _parse_month(month: str | None) -> tuple[int, int] | None:
     if month is None:
         return None
+    from billing.years import parse_month
+
     try:
-        d = date.fromisoformat(month + "-01")
-    except ValueError:
-        fail(f"--month must be YYYY-MM, got {month!r}")
-    return d.year, d.month
+        return parse_month(month)
+    except ValueError as exc:
+        fail(f"--month: {exc}")
 
 
 def _parse_as_of(session: Any, contract_id: str, value: str | None) -> datetime | None:

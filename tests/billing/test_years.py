@@ -232,3 +232,42 @@ def test_years_in_term() -> None:
     assert years[0].bounds("UTC") == contract_year_bounds(date(2024, 2, 29), "UTC", 1)
     with pytest.raises(ValueError):
         years_in_term(date(2024, 2, 29), 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2026-03", (2026, 3)), (" 2026-12\n", (2026, 12)), ("0001-01", (1, 1)),
+     ("9998-12", (9998, 12))],
+)
+def test_parse_month_accepts(text, expected) -> None:
+    from billing.years import parse_month
+
+    assert parse_month(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["2026-3", "2026-13", "2026-00", "0000-05", "9999-01", "2026-03-01", "26-03", "",
+             "２０２６-03", None, 202603],
+)
+def test_parse_month_refuses(text) -> None:
+    from billing.years import parse_month
+
+    with pytest.raises(ValueError, match="a month is YYYY-MM"):
+        parse_month(text)
+
+
+def test_one_month_parser_behind_cli_reports_and_portal() -> None:
+    # The CLI, the reports and the portal answer the same inputs the same way.
+    from billing.years import parse_month
+    from reports.errors import BadMonth
+    from reports.monthly import parse_month as report_month
+    from web.errors import NotFound
+    from web.services import parse_month as portal_month
+
+    for text in ("2026-03", " 2026-12 ", "9998-12"):
+        assert report_month(text) == portal_month(text) == parse_month(text)
+    for text in ("2026-3", "2026-13", "9999-01", "0000-01"):
+        with pytest.raises(BadMonth):
+            report_month(text)
+        with pytest.raises(NotFound):
+            portal_month(text)
