@@ -318,6 +318,27 @@ def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
     return table
 
 
+def _report_checkpoint(session: Any, contract_id: str) -> int | None:
+    """The checkpoint the demo reports over: the latest one signed before the log's first
+    report entry (None: the latest). A later run thus issues the very same report (already
+    recorded) instead of a new one over the checkpoint that the report entries grew."""
+    from sqlalchemy import func, select
+
+    from ledger.models import Checkpoint, JournalEntry
+
+    first_report = session.execute(
+        select(func.min(JournalEntry.seq)).where(
+            JournalEntry.log_id == contract_id, JournalEntry.kind == "report")
+    ).scalar()
+    if first_report is None:
+        return None
+    size: int | None = session.execute(
+        select(func.max(Checkpoint.tree_size)).where(
+            Checkpoint.log_id == contract_id, Checkpoint.tree_size <= first_report)
+    ).scalar()
+    return size
+
+
 def _demo_logins(ctx: App, demo_dir: Path, customer: str) -> list[tuple[str, str, str | None]]:
     """The demo users (created once), with the passwords kept in ``demo/logins.json``."""
     from sqlalchemy import select
@@ -454,7 +475,8 @@ def run_demo(
     reports_dir.mkdir(exist_ok=True)
     for spec in specs:
         with unit_of_work(ctx.engine) as s:
-            prepared = rm.prepare_monthly_report(s, spec.contract_id, year, month, None)
+            size = _report_checkpoint(s, spec.contract_id)
+            prepared = rm.prepare_monthly_report(s, spec.contract_id, year, month, size)
         made = rm.finish_report(prepared)
         with unit_of_work(ctx.engine) as s:
             recorded = rm.record_report(s, made)
