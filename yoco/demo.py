@@ -318,6 +318,22 @@ def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
     return table
 
 
+def _yoco_command() -> str:
+    """How to type ``yoco`` again: plain when it is on PATH, else the path it ran from
+    (``.venv/bin/yoco`` right after ``bash scripts/setup``)."""
+    import shutil
+    import sys
+
+    argv0 = Path(sys.argv[0])
+    found = shutil.which("yoco")
+    if argv0.name != "yoco" or (found and Path(found).resolve() == argv0.resolve()):
+        return "yoco"
+    try:
+        return str(argv0.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(argv0)
+
+
 def _report_checkpoint(session: Any, contract_id: str) -> int | None:
     """The checkpoint the demo reports over: the latest one signed before the log's first
     report entry (None: the latest). A later run thus issues the very same report (already
@@ -520,7 +536,7 @@ def run_demo(
     _step(console, 11, "REAL", "the portal")
     logins = _demo_logins(ctx, demo_dir, specs[0].customer)
     console.print("Serve it (Ctrl-C stops it), then open http://127.0.0.1:8000/ and log in:")
-    console.print("  yoco serve" + (f"   (with YOCO_DATA_DIR={ctx.settings.data_dir})"
+    console.print(f"  {_yoco_command()} serve" + (f"   (with YOCO_DATA_DIR={ctx.settings.data_dir})"
                                     if os.environ.get("YOCO_DATA_DIR") else ""),
                   highlight=False, soft_wrap=True)
     for email, role, password in logins:
