@@ -205,8 +205,14 @@ async def refuse_nul(request: Request) -> None:
         raise NotFound()
     if any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
         raise Invalid("A value in the address contains a NUL character.")
-    if request.method == "POST" and request.headers.get("content-type", "").startswith(_FORMS):
-        form = await request.form()  # already parsed by FastAPI for the handler: cached
+    # Forms only on pages, where FastAPI has parsed them for the handler already (cached
+    # on the request); the API takes JSON, read by its handlers as it streams.
+    if (
+        request.method == "POST"
+        and not request.url.path.startswith("/api/")
+        and request.headers.get("content-type", "").startswith(_FORMS)
+    ):
+        form = await request.form()
         for k, v in form.multi_items():
             if "\x00" in k or (isinstance(v, str) and "\x00" in v):
                 raise Invalid(f"The field {k!r} contains a NUL character.")
