@@ -396,6 +396,49 @@ def figures_json(block: dict[str, Any]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _forecast_text(
+    session: Session,
+    contract: ContractSpec,
+    terms: Terms,
+    k: int,
+    ytd: sla.SlaFigures,
+    until: datetime,
+    recs: CheckpointRecords,
+    tree_size: int,
+) -> str | None:
+    """The forecast of an open contract year, over the checkpoint's entries only.
+
+    None once the year has ended (its verdict stands).  Earlier years come from the
+    same checkpoint, so the sentence never changes for a given report.  Not a figure of
+    the figures block: a model's estimate (docs/risk.md), shown next to the verdict.
+    """
+    from billing.forecast import YearHistory, build_forecast
+
+    _, y_end = contract_year_bounds(contract.start_date, contract.timezone, k)
+    if until >= y_end:
+        return None
+    previous = None
+    if k > 1:
+        first, _ = contract_year_bounds(contract.start_date, contract.timezone, 1)
+        y_start = ytd.period_start
+        earlier = load_at_checkpoint(session, contract.contract_id, first, y_start, tree_size)
+        previous = YearHistory.from_figures(
+            [
+                _figures(terms, *contract_year_bounds(contract.start_date, contract.timezone, j),
+                         ytd.now, earlier)
+                for j in range(1, k)
+            ]
+        )
+    fc = build_forecast(contract=contract, terms=terms, year=k, figures=ytd, until=until,
+                        previous=previous, jobs=recs.records.jobs)
+    return (
+        f"{fc.p_miss * 100:.1f} % chance that contract year {k} ends below "
+        f"{format(terms.threshold_percent, 'f')} % (expected credit "
+        f"{_money(fc.expected_credit, contract.currency)}), forecast from the year up to "
+        f"{_utc(until)} — an estimate (docs/risk.md), not the verdict"
+    )
+
+
 def prepare_monthly_report(
     session: Session,
     contract_id: str,
@@ -438,6 +481,9 @@ def prepare_monthly_report(
 
     figs = _figures(terms, m_start, m_end, as_of, recs)
     ytd = _figures(terms, y_start, ytd_end, as_of, recs)
+    forecast_text = _forecast_text(
+        session, contract, terms, k, ytd, min(ytd_end, as_of), recs, cp.tree_size
+    )
     r = recs.records
     rows = sla.failure_rows(
         terms=terms,
@@ -571,6 +617,7 @@ def prepare_monthly_report(
         "figures_json": Markup(figures_json(block)),  # noqa: S704 - escaped for <script>
         "has_price": price is not None,
         "credit_text": credit_text,
+        "forecast_text": forecast_text,
         "credit_note": (credit or {}).get("credit_note"),
         # The charts escape every text they draw: their SVG is safe to insert as is.
         "rate_chart": Markup(charts.rate_chart(rate_points, terms.threshold_percent)),  # noqa: S704

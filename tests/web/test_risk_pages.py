@@ -45,3 +45,20 @@ def test_risk_view_is_for_operators_only(client_for) -> None:
     assert client_for("fin").get("/operator/risk").status_code in (403, 404)
     anonymous = client_for().get("/operator/risk", follow_redirects=False)
     assert anonymous.status_code in (303, 401)
+
+
+def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, seeded) -> None:
+    from billing.forecast import forecast_contract_year
+    from web.render import pct
+
+    ctx, _ = seeded
+    html = client_for("a").get("/contracts/C-A").text
+    line = html.split('data-test="forecast">', 1)[1].split("</p>", 1)[0]
+    from sqlalchemy.orm import Session
+
+    with Session(ctx.engine) as s:
+        fc = forecast_contract_year(s, "C-A", now=app.state.portal.now())
+    assert line.startswith(f"Forecast: {pct(fc.p_miss)} chance this year ends below 90 %")
+    assert f"expected credit {fc.expected_credit} USD" in line and "not the verdict" in line
+    # The verdict itself is unchanged.
+    assert "Below the guarantee so far" in html

@@ -13,6 +13,7 @@ from billing.money import format_money
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep, caller
+from web.forecast import view_forecast
 from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
 from web.render import fragment, page
@@ -87,6 +88,7 @@ def _dashboard(
                 "contract": contract,
                 "f": view.figures,
                 "verdict": year_verdict(view),
+                "forecast": view_forecast(portal, user, view),
                 "credit": view.credit,
                 "closed": view.closed,
                 "years": list(range(1, contract.term_years + 1)),
