@@ -43,11 +43,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed verifier runs")
     args = parser.parse_args()
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
     from yoco_verify.cli import run
 
-    import migrations
     import yoco.simulate as simulate_mod
     from ledger.checkpoints import sign_all
     from ledger.contracts import add_contracts
@@ -74,10 +71,10 @@ def main() -> None:
         ensure_database(embedded_url(server, "postgres"), "yoco")
         url = embedded_url(server)
     db = f"bench_{uuid.uuid4().hex[:8]}"
-    with create_engine(url, isolation_level="AUTOCOMMIT").connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db}"'))
-    url = make_url(url).set(database=db).render_as_string(hide_password=False)
-    migrations.upgrade(url)
+    # Roles and a database owned by yoco_owner (migrated as it); the app's own login.
+    from yoco.database import prepare
+
+    url = prepare(url, db).url
     engine = make_engine(url)
     try:
         specs, errors = parse_contracts(

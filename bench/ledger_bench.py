@@ -40,7 +40,6 @@ def main() -> None:
 
     from sqlalchemy import create_engine, text
 
-    import migrations
     from billing.services import sla_figures
     from ledger.checkpoints import sign_all
     from ledger.contracts import add_contracts
@@ -69,12 +68,11 @@ def main() -> None:
         url = embedded_url(server)
     db = f"bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db}"'))
-    from sqlalchemy.engine import make_url
 
-    url = make_url(url).set(database=db).render_as_string(hide_password=False)
-    migrations.upgrade(url)
+    # Roles and a database owned by yoco_owner (migrated as it); the app's own login.
+    from yoco.database import prepare
+
+    url = prepare(url, db).url
     engine = make_engine(url)
 
     start = datetime(2025, 1, 1, tzinfo=UTC)

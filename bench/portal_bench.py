@@ -86,11 +86,25 @@ def _database(keep: Path | None) -> tuple[str, object, bool]:
     return make_url(url).set(database=db).render_as_string(hide_password=False), server, built
 
 
+def logins(url: str) -> dict[str, str]:
+    """The roles (created once, as the superuser of ``url``) and each process's login URL."""
+    from sqlalchemy.engine import make_url
+
+    from yoco.database import prepare
+
+    db = prepare(url, make_url(url).database or "yoco")
+    return {
+        "DATABASE_URL": db.url,
+        "YOCO_OWNER_DATABASE_URL": db.owner_url,
+        "YOCO_PORTAL_DATABASE_URL": db.portal_url,
+        "YOCO_SINK_DATABASE_URL": db.sink_url,
+    }
+
+
 def build(url: str, records: int, data_dir: Path) -> dict[str, int]:
     """Migrate, create the contract and a customer user, ingest a year of records."""
     import json
 
-    import migrations
     from ledger.checkpoints import sign_all
     from ledger.contracts import add_contracts
     from ledger.ingest import ingest
@@ -102,8 +116,7 @@ def build(url: str, records: int, data_dir: Path) -> dict[str, int]:
     from yoco.settings import Settings
     from yoco.simulate import StreamConfig, simulate
 
-    migrations.upgrade(url)
-    ctx = App(Settings(DATABASE_URL=url, YOCO_DATA_DIR=str(data_dir)))
+    ctx = App(Settings(**logins(url), YOCO_DATA_DIR=str(data_dir)))
     now = datetime.now(UTC)
     start_day = (now - timedelta(days=364)).date()
     specs, errors = parse_contracts(json.dumps([{
@@ -340,7 +353,7 @@ def main() -> None:
         print(f"database built: {url}")
         return
     port = _free_port()
-    env = {**os.environ, "DATABASE_URL": url, "YOCO_DATA_DIR": str(data_dir),
+    env = {**os.environ, **logins(url), "YOCO_DATA_DIR": str(data_dir),
            "YOCO_WEB_SECRET_KEY": "bench"}
     cmd = [sys.executable, "-m", "yoco.cli", "serve", "--port", str(port)]
     if args.workers != 1:

@@ -97,10 +97,6 @@ def main() -> None:
 
     import json
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    import migrations
     from ledger.checkpoints import sign_all
     from ledger.contracts import add_contracts
     from ledger.ingest import ingest
@@ -123,11 +119,10 @@ def main() -> None:
         ensure_database(embedded_url(server, "postgres"), "yoco")
         url = embedded_url(server)
     db = f"bench_reports_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db}"'))
-    url = make_url(url).set(database=db).render_as_string(hide_password=False)
-    migrations.upgrade(url)
+    # Roles and a database owned by yoco_owner (migrated as it); the app's own login.
+    from yoco.database import prepare
+
+    url = prepare(url, db).url
     engine = make_engine(url)
     data_dir = Path(tempfile.mkdtemp(prefix="yoco-bench-data-"))
     origin = "bench.example/ledger"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from alembic import op
 
 APP_ROLE = "yoco_app"
+#: The role that owns the schema, runs the migrations and is the rebuild path.
+OWNER_ROLE = "yoco_owner"
 
 REFUSE_FUNCTION = """
 CREATE OR REPLACE FUNCTION yoco_refuse_change() RETURNS trigger

@@ -51,13 +51,15 @@ def _with_db(url: str, name: str) -> str:
 def template_db(pg_admin_url: str) -> Iterator[str]:
     """Name of a database migrated to head, used as the template of every test database."""
     import migrations
+    from yoco.database import OWNER_ROLE, bootstrap, login_url
 
     name = f"yoco_tmpl_{os.getpid()}"
     admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    migrations.upgrade(_with_db(pg_admin_url, name))
+    # The roles, and the database owned by yoco_owner, which runs the migrations.
+    bootstrap(pg_admin_url, name)
+    migrations.upgrade(login_url(_with_db(pg_admin_url, name), OWNER_ROLE))
     try:
         yield name
     finally:
@@ -68,11 +70,15 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
-    """URL of a fresh, migrated database of this test's own (dropped afterwards)."""
+    """URL of a fresh, migrated database of this test's own (dropped afterwards).
+
+    It logs in as the server's superuser (for tampering, as a DBA would): the
+    application's processes use :func:`app_url`, :func:`portal_url`, :func:`sink_url`.
+    """
     name = f"yoco_t_{os.getpid()}_{next(_counter)}"
     admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}" OWNER yoco_owner'))
     try:
         yield _with_db(pg_admin_url, name)
     finally:
@@ -97,11 +103,53 @@ def empty_db_url(pg_admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    """An engine on the test database, connected as the application role."""
+def app_url(db_url: str) -> str:
+    """The test database as the CLI's login role (``yoco_cli``, not a superuser)."""
+    from yoco.database import CLI_LOGIN, login_url
+
+    return login_url(db_url, CLI_LOGIN)
+
+
+@pytest.fixture
+def portal_url(db_url: str) -> str:
+    """The test database as the portal's login role (``yoco_web``)."""
+    from yoco.database import PORTAL_LOGIN, login_url
+
+    return login_url(db_url, PORTAL_LOGIN)
+
+
+@pytest.fixture
+def sink_url(db_url: str) -> str:
+    """The test database as the runtime sink's login role (``yoco_sink``)."""
+    from yoco.database import SINK_LOGIN, login_url
+
+    return login_url(db_url, SINK_LOGIN)
+
+
+@pytest.fixture
+def owner_url(db_url: str) -> str:
+    """The test database as the owner role (migrations, the rebuild path)."""
+    from yoco.database import OWNER_ROLE, login_url
+
+    return login_url(db_url, OWNER_ROLE)
+
+
+@pytest.fixture
+def engine(app_url: str) -> Iterator[Engine]:
+    """An engine on the test database: the CLI's login, switched to the application role."""
     from yoco.database import make_engine
 
-    eng = make_engine(db_url)
+    eng = make_engine(app_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def rebuild_engine(owner_url: str) -> Iterator[Engine]:
+    """An engine as the owner role: the rebuild path, the one that may rewrite projections."""
+    from yoco.database import make_engine
+
+    eng = make_engine(owner_url, app_role=False)
     yield eng
     eng.dispose()
 
@@ -122,11 +170,24 @@ def session(engine: Engine) -> Iterator[Session]:
 
 
 @pytest.fixture
-def yoco_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def yoco_env(
+    app_url: str,
+    owner_url: str,
+    portal_url: str,
+    sink_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, str]]:
     """Environment under which ``yoco`` uses the test database and a private data dir."""
     from yoco.settings import get_settings
 
-    env = {"DATABASE_URL": db_url, "YOCO_DATA_DIR": str(tmp_path / "yoco-data")}
+    env = {
+        "DATABASE_URL": app_url,
+        "YOCO_OWNER_DATABASE_URL": owner_url,
+        "YOCO_PORTAL_DATABASE_URL": portal_url,
+        "YOCO_SINK_DATABASE_URL": sink_url,
+        "YOCO_DATA_DIR": str(tmp_path / "yoco-data"),
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     get_settings.cache_clear()

@@ -32,7 +32,17 @@ def portal_engine(url: str, **kwargs: Any) -> Engine:
     def _set_role(dbapi_conn: Any, _record: Any) -> None:
         with dbapi_conn.cursor() as cur:
             cur.execute(f"SET ROLE {PORTAL_ROLE}")
+            cur.execute("SELECT session_user, rolsuper FROM pg_roles WHERE rolname = session_user")
+            user, superuser = cur.fetchone()
         dbapi_conn.commit()
+        if superuser:
+            dbapi_conn.close()
+            from yoco.database import SuperuserLogin
+
+            raise SuperuserLogin(
+                f"the portal refuses to log in as {user!r}, a superuser: set "
+                "YOCO_PORTAL_DATABASE_URL to the login role yoco_web (see README)"
+            )
 
     return engine
 

@@ -95,10 +95,14 @@ class Portal:
     @cached_property
     def db(self) -> PortalDb:
         """The portal role's and the application role's engines."""
+        from yoco.database import make_engine
+
         with self._lock:
-            url = self.ctx.database.url
+            # The portal's own login (yoco_web, no superuser): writes as yoco_app, tenant
+            # reads as yoco_portal.
+            url = self.ctx.database.portal_url
             return PortalDb(
-                self.ctx.engine,
+                make_engine(url),
                 portal_engine(
                     url, pool_size=self.settings.pool_size, max_overflow=self.settings.max_overflow
                 ),

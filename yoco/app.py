@@ -48,7 +48,10 @@ class App:
         try:
             current = migrations.current(self.database.url)
         except Exception as exc:  # connection problems surface with their own message
-            raise SchemaNotReady(f"cannot read the schema version: {exc}") from exc
+            raise SchemaNotReady(
+                f"cannot read the schema version (run `yoco db upgrade` as the owner or an "
+                f"administrator): {exc}"
+            ) from exc
         if current != head:
             raise SchemaNotReady(
                 f"the database schema is at {current or 'nothing'}, the code needs {head}: "

@@ -100,13 +100,21 @@ def db_url() -> None:
 def db_upgrade(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
 ) -> None:
-    """Apply the schema migrations (starts the embedded PostgreSQL when DATABASE_URL is unset)."""
+    """Apply the schema migrations (starts the embedded PostgreSQL when DATABASE_URL is unset).
+
+    Runs as the owner role (YOCO_OWNER_DATABASE_URL, default DATABASE_URL).  Given an
+    administrator's (superuser's) URL it first creates yoco's roles (yoco_owner,
+    yoco_app, yoco_portal and the logins yoco_cli, yoco_web, yoco_sink) and hands the
+    schema to yoco_owner: the only time yoco acts as a superuser.
+    """
     import migrations
+    from yoco.database import migrate
 
     with application(schema=False) as ctx:
-        before = migrations.current(ctx.database.url)
-        migrations.upgrade(ctx.database.url, revision)
-        after = migrations.current(ctx.database.url)
+        url = ctx.database.owner_url
+        before = migrations.current(url)
+        migrate(url, revision)
+        after = migrations.current(url)
         out.print(f"schema: {before or 'empty'} → {after}")
 
 
@@ -120,9 +128,11 @@ def db_downgrade(
 
     if not yes:
         fail("downgrading drops tables and their data; pass --yes to confirm")
+    from yoco.database import migrate
+
     with application(schema=False) as ctx:
-        migrations.downgrade(ctx.database.url, revision)
-        out.print(f"schema: {migrations.current(ctx.database.url) or 'empty'}")
+        migrate(ctx.database.owner_url, revision, down=True)
+        out.print(f"schema: {migrations.current(ctx.database.owner_url) or 'empty'}")
 
 
 # --- contracts ------------------------------------------------------------------------
@@ -455,11 +465,21 @@ def ledger_public_key() -> None:
 
 @ledger_app.command("rebuild")
 def ledger_rebuild() -> None:
-    """Recreate every projection (failures, outcomes, jobs, …) from the journal alone."""
+    """Recreate every projection (failures, outcomes, jobs, …) from the journal alone.
+
+    The rebuild path: it logs in as the owner role (YOCO_OWNER_DATABASE_URL), the only
+    role besides a superuser that may delete and rewrite projection rows.
+    """
     from ledger.projections import rebuild
+    from yoco.database import unit_of_work
 
     with application() as ctx:
-        n = _unit(ctx, lambda s: rebuild(s, ctx.projectors, ctx.projection_tables))
+        engine = ctx.database.owner_engine()
+        try:
+            with unit_of_work(engine) as session:
+                n = rebuild(session, ctx.projectors, ctx.projection_tables)
+        finally:
+            engine.dispose()
     out.print(f"projections rebuilt from {n} journal entries")
 
 

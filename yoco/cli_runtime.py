@@ -50,7 +50,8 @@ def _ledger_sink_for(contract: str) -> SinkSpec | None:
     finally:
         ctx.close()
     return SinkSpec(
-        target="yoco.sink:ledger_sink", kwargs={"database_url": ctx.settings.database_url}
+        target="yoco.sink:ledger_sink",
+        kwargs={"database_url": ctx.settings.sink_database_url or ctx.settings.database_url},
     )
 
 

@@ -56,7 +56,9 @@ def serve(
         url = ctx.database.url  # starts the embedded server now, before uvicorn
         from yoco.database import redact
 
-        err.print(f"database: {redact(url)}", highlight=False, soft_wrap=True)
+        err.print(
+            f"database: {redact(ctx.database.portal_url)}", highlight=False, soft_wrap=True
+        )
         err.print(f"portal on http://{host}:{port}/  (API schema: /api/openapi.json)"
                   + (f", {workers} workers" if workers > 1 else ""), highlight=False)
         # uvicorn handles SIGTERM gracefully, then restores the previous handler and
@@ -123,6 +125,10 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
     # database this process has started (the embedded server lives as long as we do)
     # and at the same data folder (the cookie secret and the signing keys).
     os.environ["DATABASE_URL"] = url
+    # ...each process with its own login (the portal's is yoco_web).
+    os.environ["YOCO_PORTAL_DATABASE_URL"] = ctx.database.portal_url
+    os.environ["YOCO_OWNER_DATABASE_URL"] = ctx.database.owner_url
+    os.environ["YOCO_SINK_DATABASE_URL"] = ctx.database.sink_url
     os.environ["YOCO_DATA_DIR"] = str(ctx.settings.data_dir)
     if not os.environ.get("YOCO_WEB_SECRET_KEY"):
         from web.settings import WebSettings, resolve_secret

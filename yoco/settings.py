@@ -28,11 +28,19 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
 
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    #: Logins of the other processes on the server of ``DATABASE_URL`` (default: it).
+    owner_database_url: str | None = Field(default=None, validation_alias="YOCO_OWNER_DATABASE_URL")
+    portal_database_url: str | None = Field(
+        default=None, validation_alias="YOCO_PORTAL_DATABASE_URL"
+    )
+    sink_database_url: str | None = Field(default=None, validation_alias="YOCO_SINK_DATABASE_URL")
     data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="YOCO_DATA_DIR")
     signing_key_path: Path | None = Field(default=None, validation_alias="YOCO_SIGNING_KEY")
     log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
 
-    @field_validator("database_url")
+    @field_validator(
+        "database_url", "owner_database_url", "portal_database_url", "sink_database_url"
+    )
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
         if value is None or value == "":

@@ -8,7 +8,7 @@ from ledger.sink import LedgerSink
 
 
 def ledger_sink(database_url: str | None = None) -> LedgerSink:
-    """A :class:`LedgerSink` on ``database_url`` (default: the configured database).
+    """A :class:`LedgerSink` on ``database_url`` (default: the configured sink login).
 
     Called inside the runtime's supervisor process: without a URL it attaches to
     the embedded PostgreSQL like any other ``yoco`` process.
@@ -18,9 +18,9 @@ def ledger_sink(database_url: str | None = None) -> LedgerSink:
     from yoco.settings import Settings
 
     def engine() -> Engine:
+        # The sink's own login (yoco_sink, no superuser), switched to yoco_app.
         if database_url:
             return make_engine(database_url)
-        app = App(Settings())
-        return app.engine
+        return make_engine(App(Settings()).database.sink_url)
 
     return LedgerSink(engine, extra_projectors())

@@ -185,7 +185,7 @@ def test_rejected_and_bad_disputes(engine, close):
     assert after["billing_reclassifications"] == before["billing_reclassifications"]
 
 
-def test_rebuild_reproduces_billing_projections(engine, close):
+def test_rebuild_reproduces_billing_projections(engine, rebuild_engine, close):
     add_contract(engine)
     add_contract(engine, "C-2", currency="JPY", annual_value="1000002")
     recs, ids = failures(resolved=8, unresolved=2)
@@ -224,7 +224,7 @@ def test_rebuild_reproduces_billing_projections(engine, close):
     close(now=LATER + timedelta(days=1))  # C-1 adjusted: 8/9 still missed, credit stays
     with unit_of_work(engine) as s:
         export_credits(s, "csv", now=LATER)
-    with unit_of_work(engine) as s:
+    with unit_of_work(rebuild_engine) as s:
         live = projections.snapshot(s, TABLES)
         projections.rebuild(s, PROJECTORS, TABLES, batch=7)
         rebuilt = projections.snapshot(s, TABLES)

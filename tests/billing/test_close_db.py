@@ -197,7 +197,7 @@ def test_a_naive_close_time_is_refused(engine):
         close_year(s, "C-1", 1, now=datetime(2026, 2, 1))
 
 
-def test_parallel_closes_issue_exactly_one_credit(engine, db_url, signer):
+def test_parallel_closes_issue_exactly_one_credit(engine, app_url, signer):
     add_contract(engine)
     recs, _ = failures(resolved=1, unresolved=3)
     ingest_records(engine, recs)
@@ -207,7 +207,7 @@ def test_parallel_closes_issue_exactly_one_credit(engine, db_url, signer):
     errors: list[BaseException] = []
 
     def worker() -> None:
-        eng = make_engine(db_url)
+        eng = make_engine(app_url)
         try:
             barrier.wait()
             with unit_of_work(eng) as s:

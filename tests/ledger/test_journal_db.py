@@ -174,13 +174,13 @@ def test_an_outcome_may_not_name_another_contracts_failure(engine) -> None:
     assert exc.value.errors[0].field == "failure_event_id"
 
 
-def test_eight_concurrent_writers_leave_no_gap_and_no_fork(engine, db_url, signer) -> None:
+def test_eight_concurrent_writers_leave_no_gap_and_no_fork(engine, app_url, signer) -> None:
     _setup_contracts(engine, "C-1", "C-2")
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
     def writer(n: int) -> None:
-        eng = make_engine(db_url)
+        eng = make_engine(app_url)
         try:
             barrier.wait()
             for batch in range(5):
@@ -293,7 +293,7 @@ def test_a_checkpoint_beyond_the_log_is_detected(engine, owner_engine, signer) -
         verify_all(s, Verifier.from_text(signer.verifier_text()))
 
 
-def test_rebuild_reproduces_the_live_projections(engine) -> None:
+def test_rebuild_reproduces_the_live_projections(engine, rebuild_engine) -> None:
     _setup_contracts(engine, "C-1", "C-2")
     fails = [f.failure(cid=c, at=f.later(i)) for i, c in enumerate(["C-1", "C-2", "C-1", "C-1"])]
     _ingest(engine, [f.job_started(), f.job_started(cid="C-2"), *fails])
@@ -314,7 +314,7 @@ def test_rebuild_reproduces_the_live_projections(engine) -> None:
             f.rec("job_started", job_id="j1", gpus=16, at=f.later(70)),
         ],
     )
-    with unit_of_work(engine) as s:
+    with unit_of_work(rebuild_engine) as s:
         live = projections.snapshot(s)
         n = projections.rebuild(s, batch=3)
         rebuilt = projections.snapshot(s)

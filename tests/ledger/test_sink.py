@@ -14,12 +14,12 @@ from yoco.database import unit_of_work
 
 
 @pytest.fixture
-def sink(engine, db_url):
+def sink(engine, sink_url):
     specs, errors = parse_contracts(f.jsonl([f.contract("C-1")]))
     assert not errors
     with unit_of_work(engine) as s:
         add_contracts(s, specs)
-    built = SinkSpec(target="yoco.sink:ledger_sink", kwargs={"database_url": db_url}).build()
+    built = SinkSpec(target="yoco.sink:ledger_sink", kwargs={"database_url": sink_url}).build()
     yield built
     built.close()
 

@@ -59,7 +59,7 @@ def _records(cid: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
 
 
 @pytest.fixture
-def seeded(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
+def seeded(yoco_env: dict[str, str], tmp_path: Path) -> Iterator[
     tuple[Any, Seed]
 ]:
     """An :class:`App` on a fresh database with two customers' contracts, users and a token."""
@@ -74,7 +74,7 @@ def seeded(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     from yoco.database import unit_of_work
     from yoco.settings import Settings
 
-    ctx = App(Settings(DATABASE_URL=db_url, YOCO_DATA_DIR=str(tmp_path / "data")))
+    ctx = App(Settings(**{**yoco_env, "YOCO_DATA_DIR": str(tmp_path / "data")}))
     seed = Seed()
     import json
 

@@ -159,7 +159,7 @@ def test_refreshing_a_view_equals_computing_it_anew(seeded) -> None:
     from web.views import compute_year_view, refresh_year_view
 
     ctx, _ = seeded
-    db = PortalDb(ctx.engine, portal_engine(ctx.database.url))
+    db = PortalDb(ctx.engine, portal_engine(ctx.database.portal_url))
     staff = Principal(kind="user", id=0, name="t", role="operator", customer=None)
     try:
         with db.read(staff) as s:
