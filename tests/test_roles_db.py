@@ -225,3 +225,46 @@ def test_the_cli_refuses_a_superuser_database_url(
     out = CliRunner().invoke(build_app(), ["contracts", "list"])
     assert out.exit_code == 2
     assert "superuser" in out.output and "yoco_cli" in out.output
+
+
+def test_a_database_from_before_the_roles_is_handed_to_the_owner(
+    empty_db_url: str, pg_admin_url: str
+) -> None:
+    """An installation migrated by a superuser (before 0004) upgrades: the owner takes over."""
+    from sqlalchemy.engine import make_url
+
+    import migrations
+    from yoco.database import bootstrap
+
+    migrations.upgrade(empty_db_url, "0006")  # as the superuser, as installations were
+    name = make_url(empty_db_url).database
+    assert name is not None
+    bootstrap(pg_admin_url, name)
+    owner = login_url(empty_db_url, OWNER_ROLE)
+    migrations.upgrade(owner)
+    assert migrations.current(login_url(empty_db_url, CLI_LOGIN)) == migrations.head_revision()
+    eng = create_engine(empty_db_url)
+    try:
+        with eng.connect() as c:
+            others = c.execute(
+                text(
+                    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relkind = 'r' "
+                    "AND pg_get_userbyid(c.relowner) <> :o"
+                ),
+                {"o": OWNER_ROLE},
+            ).scalars().all()
+            db_owner = c.execute(
+                text(
+                    "SELECT pg_get_userbyid(datdba) FROM pg_database "
+                    "WHERE datname = current_database()"
+                )
+            ).scalar_one()
+    finally:
+        eng.dispose()
+    assert others == [] and db_owner == OWNER_ROLE
+    app = make_engine(login_url(empty_db_url, CLI_LOGIN))
+    try:
+        assert _refused(app, "DELETE FROM outcomes")
+    finally:
+        app.dispose()
