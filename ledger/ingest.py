@@ -4,7 +4,9 @@
 and checks what needs the database, with the contracts' logs locked:
 the contract exists; an event id already stored carries the same bytes
 (then the record is a no-op) and not different ones; outcomes and exclusions
-name an earlier failure of the same contract; jobs start and finish in order.
+name a failure of the same contract (anywhere in the batch, or in the ledger); jobs
+start and finish in order. The batch is appended in causal order
+(:func:`ledger.records.causal_order`), so the order of its lines does not matter.
 Any refusal raises :class:`~ledger.errors.IngestRefused` listing every bad
 record by line (or index) and field, and the caller's unit of work rolls the
 whole batch back.
@@ -12,6 +14,7 @@ whole batch back.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -23,8 +26,9 @@ from sqlalchemy.orm import Session
 from ledger import journal, projections
 from ledger.errors import IngestRefused
 from ledger.ids import is_producer_event_id
-from ledger.models import Contract
-from ledger.records import Record, RecordError
+from ledger.models import Contract, JournalEntry
+from ledger.records import OrderKey, Record, RecordError, causal_order, order_key
+from ledger.stream import FileIndex, read_records
 
 
 @dataclass(slots=True)
@@ -71,68 +75,162 @@ def ingest(
     """Append ``records`` to the journal and project them; refuse the batch on any error.
 
     Never commits.  Records whose event id is already stored with the same
-    canonical bytes are skipped (idempotent retry).
+    canonical bytes are skipped (idempotent retry).  The batch is appended in
+    :func:`~ledger.records.causal_order`: an outcome may come before its failure, a
+    failure or job_finished before its job_started, anywhere in the batch.
     """
     locate = locate or index_locator()
+    return _ingest_indexed(
+        session,
+        [order_key(r) for r in records],
+        [hashlib.sha256(r.canonical).digest() for r in records],
+        lambda positions: [records[p] for p in positions],
+        locate,
+        extra_projectors,
+        chunk=max(len(records), 1),
+        keep_stored=True,
+    )
+
+
+def ingest_file(
+    session: Session,
+    index: FileIndex,
+    extra_projectors: Sequence[projections.Projector] = (),
+    *,
+    chunk: int = 5000,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """Append the records of an indexed JSONL file (:func:`ledger.stream.index_file`).
+
+    The same checks and the same causal order as :func:`ingest`, all in the caller's
+    one transaction (all or nothing), but the records are re-read from the file
+    ``chunk`` at a time, so memory stays bounded by the index. ``progress`` is called
+    with the number of records handled after each chunk. Never commits.
+    """
+    keys = index.keys
+    with index.path.open("rb") as fh:
+        return _ingest_indexed(
+            session,
+            keys,
+            index.digests,
+            lambda positions: read_records(index, positions, fh),
+            line_locator([k.line or 0 for k in keys]),
+            extra_projectors,
+            chunk=chunk,
+            keep_stored=False,
+            progress=progress,
+        )
+
+
+def _existing_digests(
+    session: Session, event_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, bytes]:
+    """SHA-256 of the canonical bytes of the entries already stored under ``event_ids``."""
+    found: dict[uuid.UUID, bytes] = {}
+    ids = sorted(set(event_ids))
+    for start in range(0, len(ids), 10000):
+        for eid, canonical in session.execute(
+            select(JournalEntry.event_id, JournalEntry.canonical).where(
+                JournalEntry.event_id.in_(ids[start : start + 10000])
+            )
+        ):
+            found[eid] = hashlib.sha256(bytes(canonical)).digest()
+    return found
+
+
+def _ingest_indexed(
+    session: Session,
+    keys: Sequence[OrderKey],
+    digests: Sequence[bytes],
+    load: Callable[[list[int]], list[Record]],
+    locate: Locator,
+    extra_projectors: Sequence[projections.Projector],
+    *,
+    chunk: int,
+    keep_stored: bool,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """The one ingest path: checks on the compact keys, then appends ``chunk`` at a time."""
     result = IngestResult()
-    if not records:
+    if not keys:
         return result
     errors: list[RecordError] = []
 
-    contract_ids = sorted({r.contract_id for r in records})
+    contract_ids = sorted({k.contract_id for k in keys})
     known_contracts = set(
         session.execute(
             select(Contract.contract_id).where(Contract.contract_id.in_(contract_ids))
         ).scalars()
     )
-    for i, r in enumerate(records):
-        if r.contract_id not in known_contracts:
-            errors.append(locate(i, "contract_id", f"unknown contract {r.contract_id!r}"))
-        if not is_producer_event_id(r.event_id):
+    for i, k in enumerate(keys):
+        if k.contract_id not in known_contracts:
+            errors.append(locate(i, "contract_id", f"unknown contract {k.contract_id!r}"))
+        if not is_producer_event_id(k.event_id):
             # validate_record refuses these already; the journal must never take a
             # producer record into the id space of the system's own entries.
             errors.append(locate(i, "event_id", "must be a random UUID v4"))
     if errors:
         raise IngestRefused(errors)
 
+    # Append in causal order (issue 10, item 5): references resolve wherever they stand
+    # in the batch; independent records keep their batch order.
+    order, order_errors = causal_order(keys)
+    if order_errors:
+        at = {(k.line, k.index): i for i, k in enumerate(keys)}
+        raise IngestRefused(
+            [locate(at[(e.line, e.index)], e.field, e.message) for e in order_errors]
+        )
+
     sizes = journal.lock_logs(session, contract_ids)
-    existing = journal.find_existing(session, (uuid.UUID(r.event_id) for r in records))
-    fresh: list[tuple[int, Record]] = []
-    for i, r in enumerate(records):
-        old = existing.get(uuid.UUID(r.event_id))
+    existing = _existing_digests(session, [uuid.UUID(k.event_id) for k in keys])
+    fresh: list[int] = []
+    for i in order:
+        old = existing.get(uuid.UUID(keys[i].event_id)) if existing else None
         if old is None:
-            fresh.append((i, r))
-        elif old.canonical == r.canonical:
+            fresh.append(i)
+        elif old == digests[i]:
             # Same bytes means same contract_id, so the producer can read that log.
             result.duplicates += 1
         else:
             # One answer whatever log holds the id and whatever it says: the producer
             # learns nothing about logs it may not read (issue 10, item 2).
-            errors.append(locate(i, "event_id", event_id_taken(r.event_id)))
+            errors.append(locate(i, "event_id", event_id_taken(keys[i].event_id)))
     if errors:
         raise IngestRefused(errors)
+    del existing
+    if progress is not None and result.duplicates:
+        progress(result.duplicates)
 
-    entries = [
-        journal.NewEntry(
-            kind=r.kind,
-            event_id=uuid.UUID(r.event_id),
-            contract_id=r.contract_id,
-            occurred_at=r.occurred_at,
-            canonical=r.canonical,
-            body=r.body,
-        )
-        for _, r in fresh
-    ]
-    stored = journal.append_entries(session, entries, sizes)
-    projected = [
-        projections.ProjectedEntry(s.log_id, s.seq, s.event_id, s.kind, e.occurred_at, e.body)
-        for e, s in zip(entries, stored, strict=True)
-    ]
-    problems = projections.project(session, projected, extra_projectors)
-    if problems:
-        where = {e.event_id: i for (i, _), e in zip(fresh, entries, strict=True)}
-        raise IngestRefused([locate(where[p.event_id], p.field, p.message) for p in problems])
-    result.appended = len(stored)
-    result.stored = stored
-    result.by_kind.update(s.kind for s in stored)
+    for start in range(0, len(fresh), chunk):
+        part = fresh[start : start + chunk]
+        entries = [
+            journal.NewEntry(
+                kind=r.kind,
+                event_id=uuid.UUID(r.event_id),
+                contract_id=r.contract_id,
+                occurred_at=r.occurred_at,
+                canonical=r.canonical,
+                body=r.body,
+            )
+            for r in load(part)
+        ]
+        stored = journal.append_entries(session, entries, sizes)
+        projected = [
+            projections.ProjectedEntry(
+                s.log_id, s.seq, s.event_id, s.kind, e.occurred_at, e.body
+            )
+            for e, s in zip(entries, stored, strict=True)
+        ]
+        problems = projections.project(session, projected, extra_projectors)
+        if problems:
+            where = {e.event_id: i for i, e in zip(part, entries, strict=True)}
+            raise IngestRefused(
+                [locate(where[p.event_id], p.field, p.message) for p in problems]
+            )
+        result.appended += len(stored)
+        result.by_kind.update(st.kind for st in stored)
+        if keep_stored:
+            result.stored.extend(stored)
+        if progress is not None:
+            progress(len(part))
     return result

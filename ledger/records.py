@@ -12,10 +12,13 @@ field as a JSON path relative to the record (``gpus``, ``terms.threshold_percent
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -70,12 +73,15 @@ __all__ = [
     "JobFinished",
     "JobProgress",
     "JobStarted",
+    "OrderKey",
     "OutcomeRec",
     "Record",
     "RecordData",
     "RecordError",
+    "causal_order",
     "check_references",
     "contract_from_record",
+    "order_key",
     "parse_contracts",
     "parse_jsonl",
     "validate_batch",
@@ -146,7 +152,9 @@ def _collapse(
         )
 
 
-def parse_jsonl(data: bytes | str) -> tuple[list[Record], list[RecordError]]:
+def parse_jsonl(
+    data: bytes | str, *, now: datetime | None = None
+) -> tuple[list[Record], list[RecordError]]:
     """Parse and validate a JSONL file: one JSON object per line.
 
     Promises: lines are split on ``\\n`` (a ``\\r`` before it is whitespace) and numbered
@@ -166,7 +174,7 @@ def parse_jsonl(data: bytes | str) -> tuple[list[Record], list[RecordError]]:
         except JsonInputError as exc:
             errors.append(_line_error(exc, number))
             continue
-        record, errs = validate_record(obj, line=number)
+        record, errs = validate_record(obj, line=number, now=now)
         if record is None:
             errors.extend(errs)
             continue
@@ -174,7 +182,9 @@ def parse_jsonl(data: bytes | str) -> tuple[list[Record], list[RecordError]]:
     return records, errors
 
 
-def validate_batch(objs: Sequence[Any]) -> tuple[list[Record], list[RecordError]]:
+def validate_batch(
+    objs: Sequence[Any], *, now: datetime | None = None
+) -> tuple[list[Record], list[RecordError]]:
     """Validate an API batch (a JSON array already parsed, ideally by parse_json_strict).
 
     Promises: the same rules as :func:`parse_jsonl`, with errors carrying ``index`` (the
@@ -188,7 +198,7 @@ def validate_batch(objs: Sequence[Any]) -> tuple[list[Record], list[RecordError]
     errors: list[RecordError] = []
     seen: dict[str, Record] = {}
     for i, obj in enumerate(objs):
-        record, errs = validate_record(obj, index=i)
+        record, errs = validate_record(obj, index=i, now=now)
         if record is None:
             errors.extend(errs)
             continue
@@ -202,41 +212,164 @@ def _failure_ref(record: Record) -> str:
     return data.failure_event_id
 
 
+@dataclass(frozen=True, slots=True)
+class OrderKey:
+    """What :func:`causal_order` needs of a record (a compact index entry).
+
+    ``job_id`` is set for job and failure records, ``failure_ref`` for outcomes and
+    exclusions; ``line``/``index`` say where the record stands in its batch.
+    """
+
+    kind: str
+    event_id: str
+    contract_id: str
+    occurred_at: datetime
+    job_id: str | None = None
+    failure_ref: str | None = None
+    line: int | None = None
+    index: int | None = None
+
+
+def order_key(record: Record) -> OrderKey:
+    """The :class:`OrderKey` of ``record``."""
+    data = record.data
+    job_id = getattr(data, "job_id", None)
+    ref = data.failure_event_id if isinstance(data, OutcomeRec | ExclusionRec) else None
+    return OrderKey(
+        record.kind,
+        record.event_id,
+        record.contract_id,
+        record.occurred_at,
+        job_id,
+        ref,
+        record.line,
+        record.index,
+    )
+
+
+def causal_order(keys: Sequence[OrderKey]) -> tuple[list[int], list[RecordError]]:
+    """The order in which to append a batch so every reference points backwards.
+
+    Promises: a permutation of ``range(len(keys))`` in which
+    * an ``outcome`` or ``exclusion`` comes after the ``failure`` it names, wherever that
+      failure stands in the batch (a reference to a record of another kind is an error;
+      one found nowhere in the batch is left for the ledger to resolve);
+    * the ``job_started`` and ``job_finished`` records of one job (contract and job id)
+      come in time order (``occurred_at``, then batch order), so a job can finish and
+      start again within one batch;
+    * a ``job_progress`` or ``failure`` comes after the latest ``job_started`` of its job
+      at or before its ``occurred_at``, and before that job's next ``job_finished``
+      (the first start or finish later than it, when that is a finish);
+    * records with no such constraint between them keep their batch order: this is a
+      stable topological sort (always the earliest ready record first).
+    Errors (field ``failure_event_id``, with the record's line/index) come back with the
+    order; the batch must then be refused. Runs in O(n log n).
+    """
+    n = len(keys)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indegree = [0] * n
+    errors: list[RecordError] = []
+
+    def edge(first: int, then: int) -> None:
+        succ[first].append(then)
+        indegree[then] += 1
+
+    by_id: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        by_id.setdefault(k.event_id, i)
+    jobs: dict[tuple[str, str], list[int]] = {}
+    for i, k in enumerate(keys):
+        if k.failure_ref is not None:
+            j = by_id.get(k.failure_ref)
+            if j is not None:
+                if keys[j].kind == "failure":
+                    edge(j, i)
+                else:
+                    errors.append(
+                        RecordError(
+                            f"{k.failure_ref} is a {keys[j].kind} record, not a failure",
+                            field="failure_event_id",
+                            line=k.line,
+                            index=k.index,
+                        )
+                    )
+        elif k.job_id is not None:
+            jobs.setdefault((k.contract_id, k.job_id), []).append(i)
+    for members in jobs.values():
+        bounds = sorted(
+            (i for i in members if keys[i].kind in ("job_started", "job_finished")),
+            key=lambda i: (keys[i].occurred_at, i),
+        )
+        for first, then in itertools.pairwise(bounds):
+            edge(first, then)
+        starts = [i for i in bounds if keys[i].kind == "job_started"]
+        start_times = [keys[i].occurred_at for i in starts]
+        bound_times = [keys[i].occurred_at for i in bounds]
+        for i in members:
+            if keys[i].kind in ("job_progress", "failure"):
+                at = bisect.bisect_right(start_times, keys[i].occurred_at)
+                if at:
+                    edge(starts[at - 1], i)
+                after = bisect.bisect_right(bound_times, keys[i].occurred_at)
+                if after < len(bounds) and keys[bounds[after]].kind == "job_finished":
+                    edge(i, bounds[after])
+    ready = [i for i in range(n) if indegree[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for then in succ[i]:
+            indegree[then] -= 1
+            if indegree[then] == 0:
+                heapq.heappush(ready, then)
+    if len(order) < n:  # pragma: no cover - the constraints above cannot form a cycle
+        stuck = sorted(set(range(n)) - set(order))
+        for i in stuck:
+            errors.append(
+                RecordError(
+                    "circular reference within the batch",
+                    field="",
+                    line=keys[i].line,
+                    index=keys[i].index,
+                )
+            )
+        order.extend(stuck)
+    return order, errors
+
+
 def check_references(
     records: Sequence[Record], known_failure_ids: Callable[[set[str]], set[str]]
 ) -> list[RecordError]:
     """Check that every outcome and exclusion names a known failure event.
 
     Promises: a ``failure_event_id`` resolves if a ``failure`` record with that event_id
-    comes *earlier* in ``records``, or if ``known_failure_ids`` returns it. The callback
-    is called at most once, with the set of ids not resolved in the batch, and must
-    return the subset that are failure events already in the ledger (for any contract).
-    Returns one error (field ``failure_event_id``, with the record's line/index) per
-    unresolved reference, in record order; an empty list when all resolve.
+    stands *anywhere* in ``records`` (the batch is appended in :func:`causal_order`), or
+    if ``known_failure_ids`` returns it. The callback is called at most once, with the
+    set of ids not resolved in the batch, and must return the subset that are failure
+    events already in the ledger. Returns one error (field ``failure_event_id``, with
+    the record's line/index) per unresolved reference, in record order.
     """
     kind_by_id: dict[str, str] = {}
-    pending: list[Record] = []
     for record in records:
-        data = record.data
-        if (
-            isinstance(data, OutcomeRec | ExclusionRec)
-            and kind_by_id.get(data.failure_event_id) != "failure"
-        ):
-            pending.append(record)
         kind_by_id.setdefault(record.event_id, record.kind)
+    pending = [
+        r
+        for r in records
+        if isinstance(r.data, OutcomeRec | ExclusionRec)
+        and kind_by_id.get(_failure_ref(r)) != "failure"
+    ]
     if not pending:
         return []
-    asked = {_failure_ref(r) for r in pending}
-    known = known_failure_ids(set(asked))
+    outside = {_failure_ref(r) for r in pending if _failure_ref(r) not in kind_by_id}
+    known = known_failure_ids(outside) if outside else set()
     errors: list[RecordError] = []
     for record in pending:
         fid = _failure_ref(record)
         if fid in known:
             continue
         other = kind_by_id.get(fid)
-        if other == "failure":
-            message = f"failure {fid} comes after this {record.kind} in the batch"
-        elif other is not None:
+        if other is not None:
             message = f"{fid} is a {other} record, not a failure"
         else:
             message = f"unknown failure event {fid}"

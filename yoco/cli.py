@@ -77,11 +77,11 @@ def _unit(ctx: App, fn: Callable[[Any], T]) -> T:
         return fn(session)
 
 
-def _print_record_errors(errors: list[Any], limit: int = 50) -> None:
+def _print_record_errors(errors: list[Any], limit: int = 50, more: int = 0) -> None:
     for e in errors[:limit]:
         err.print(f"  {e}", highlight=False, soft_wrap=True)
-    if len(errors) > limit:
-        err.print(f"  … and {len(errors) - limit} more")
+    if len(errors) + more > limit:
+        err.print(f"  … and {len(errors) + more - limit} more")
 
 
 # --- db -----------------------------------------------------------------------------
@@ -310,31 +310,63 @@ def ledger_ingest(
     """Append the records of FILE to the ledger: idempotent, and all or nothing per file.
 
     A record whose event_id is already stored with the same content is skipped;
-    any refused record (named by line and field) means nothing is written.
+    any refused record (named by line and field) means nothing is written. The order
+    of lines does not matter (records are appended in causal order). Large files are
+    streamed in bounded memory, with a progress bar on stderr when it is a terminal.
     """
-    from ledger.errors import IngestRefused
-    from ledger.ingest import ingest, line_locator
-    from ledger.records import parse_jsonl
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-    records, errors = parse_jsonl(file.read_bytes())
-    if errors:
-        err.print(f"[bold red]error:[/] {file}: {len(errors)} record(s) refused, nothing written:")
-        _print_record_errors(errors)
-        raise typer.Exit(2)
-    with application() as ctx:
-        try:
-            result = _unit(
-                ctx,
-                lambda s: ingest(
-                    s, records, line_locator([r.line or 0 for r in records]), ctx.projectors
-                ),
-            )
-        except IngestRefused as exc:
+    from ledger.errors import IngestRefused
+    from ledger.ingest import ingest_file
+    from ledger.stream import index_file
+
+    # Two passes in bounded memory: validate every line into a compact index, then
+    # append in causal order, re-reading the lines chunk by chunk, in one transaction.
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        size = file.stat().st_size
+        task = bar.add_task("validating", total=size)
+        index = index_file(file, progress=lambda done: bar.update(task, completed=done))
+        bar.update(task, completed=size)
+        if index.error_count:
             err.print(
-                f"[bold red]error:[/] {file}: {len(exc.errors)} record(s) refused, nothing written:"
+                f"[bold red]error:[/] {file}: {index.error_count} record(s) refused, "
+                "nothing written:"
             )
-            _print_record_errors(exc.errors)
-            raise typer.Exit(2) from None
+            _print_record_errors(index.errors, more=index.error_count - len(index.errors))
+            raise typer.Exit(2)
+        step = bar.add_task("appending", total=len(index.keys))
+        with application() as ctx:
+            try:
+                result = _unit(
+                    ctx,
+                    lambda s: ingest_file(
+                        s,
+                        index,
+                        ctx.projectors,
+                        progress=lambda n: bar.advance(step, n),
+                    ),
+                )
+            except IngestRefused as exc:
+                err.print(
+                    f"[bold red]error:[/] {file}: {len(exc.errors)} record(s) refused, "
+                    "nothing written:"
+                )
+                _print_record_errors(exc.errors)
+                raise typer.Exit(2) from None
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(result.by_kind.items())) or "none"
     out.print(
         f"{file}: {result.appended} appended ({kinds}), {result.duplicates} already in the ledger",

@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
 from yoco_records.canonical import (
+    MAX_SAFE_INTEGER,
     CanonicalizationError,
     JsonInputError,
     canonical_bytes,
@@ -44,6 +45,18 @@ OUTCOMES: Final = ("live_migrated", "rolled_back", "failed")
 PRODUCER_UUID_VERSION: Final = 4
 
 ID_MAX_LEN: Final = 200
+#: Largest value of an int4 column (gpus, gpu, gpus_affected are stored as integer).
+INT4_MAX: Final = 2**31 - 1
+#: Largest step_seconds / recovery_seconds: about 31.7 years, far beyond any real step.
+SECONDS_MAX: Final = 10**9
+#: UTC offsets in use run from -12:00 to +14:00; PostgreSQL takes no more than 15:59.
+OFFSET_MAX_MINUTES: Final = 14 * 60
+#: Records may be dated at most this far after the ledger's clock (producers' clocks drift).
+FUTURE_SKEW_HOURS: Final = 24
+FUTURE_SKEW: Final = timedelta(hours=FUTURE_SKEW_HOURS)
+#: No record is older than the Unix epoch (and every bound stays inside what
+#: datetime and timestamptz hold, in every offset).
+EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
 TEXT_MAX_LEN: Final = 4000
 
 _CAUSE = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -225,11 +238,14 @@ _ABSENT: Final = object()
 class _Ctx:
     """Collects the errors of one record."""
 
-    __slots__ = ("errors", "index", "line")
+    __slots__ = ("errors", "index", "line", "now")
 
-    def __init__(self, line: int | None, index: int | None) -> None:
+    def __init__(
+        self, line: int | None, index: int | None, now: datetime | None = None
+    ) -> None:
         self.line = line
         self.index = index
+        self.now = now
         self.errors: list[RecordError] = []
 
     def fail(self, path: str, message: str) -> Any:
@@ -281,12 +297,15 @@ def _text(max_len: int, *, blank_ok: bool) -> _Check:
             return ctx.fail(path, "must be a non-empty string")
         if len(value) > max_len:
             return ctx.fail(path, f"must be at most {max_len} characters (got {len(value)})")
+        if "\x00" in value:
+            # PostgreSQL text and jsonb cannot hold U+0000.
+            return ctx.fail(path, "must not contain the NUL character (U+0000)")
         return value
 
     return check
 
 
-def _integer(minimum: int) -> _Check:
+def _integer(minimum: int, maximum: int = MAX_SAFE_INTEGER) -> _Check:
     bound = "an integer > 0" if minimum == 1 else f"an integer >= {minimum}"
 
     def check(ctx: _Ctx, path: str, value: Any) -> Any:
@@ -298,6 +317,8 @@ def _integer(minimum: int) -> _Check:
             )
         if value < minimum:
             return ctx.fail(path, f"must be {bound} (got {value})")
+        if value > maximum:
+            return ctx.fail(path, f"must be at most {maximum} (got {value})")
         return value
 
     return check
@@ -315,6 +336,8 @@ def _number(*, positive: bool) -> _Check:
             return ctx.fail(path, f"must be {bound} (got {value!r})")
         if amount < 0 or (positive and amount == 0):
             return ctx.fail(path, f"must be {bound} (got {amount})")
+        if amount > SECONDS_MAX:
+            return ctx.fail(path, f"must be at most {SECONDS_MAX} seconds (got {amount})")
         return amount
 
     return check
@@ -407,12 +430,16 @@ def _timestamp(ctx: _Ctx, path: str, value: Any) -> Any:
             tz = UTC
         else:
             hours, minutes = int(m["oh"]), int(m["om"])
-            if hours > 23 or minutes > 59:
-                raise ValueError("UTC offset out of range")
+            if minutes > 59 or hours * 60 + minutes > OFFSET_MAX_MINUTES:
+                return ctx.fail(
+                    path,
+                    "UTC offset must lie between -14:00 and +14:00, the offsets in use "
+                    f"(got {_shown(value)})",
+                )
             offset = timedelta(hours=hours, minutes=minutes)
             tz = timezone(-offset if m["sign"] == "-" else offset)
         micro = int((m["frac"] or "0").ljust(6, "0")[:6])
-        return datetime(
+        when = datetime(
             int(m["y"]),
             int(m["mo"]),
             int(m["d"]),
@@ -424,6 +451,16 @@ def _timestamp(ctx: _Ctx, path: str, value: Any) -> Any:
         )
     except ValueError as exc:
         return ctx.fail(path, f"not a valid timestamp: {exc} (got {_shown(value)})")
+    if when < EARLIEST:
+        return ctx.fail(path, f"must not be before 1970-01-01T00:00:00Z (got {_shown(value)})")
+    now = ctx.now if ctx.now is not None else datetime.now(UTC)
+    if when > now + FUTURE_SKEW:
+        return ctx.fail(
+            path,
+            f"lies in the future: more than {FUTURE_SKEW_HOURS} h after the ledger's clock "
+            f"({now.astimezone(UTC).isoformat(timespec='seconds')}) (got {_shown(value)})",
+        )
+    return when
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +481,7 @@ _COMMON_CHECKED: Final = {k: v for k, v in _COMMON.items() if k != "kind"}
 _SPECS: Final[dict[str, tuple[type, dict[str, _Field]]]] = {
     "job_started": (
         JobStarted,
-        {"job_id": _Field(_id_string), "gpus": _Field(_integer(1))},
+        {"job_id": _Field(_id_string), "gpus": _Field(_integer(1, INT4_MAX))},
     ),
     "job_progress": (
         JobProgress,
@@ -465,7 +502,7 @@ _SPECS: Final[dict[str, tuple[type, dict[str, _Field]]]] = {
             "failure_class": _Field(_choice(FAILURE_CLASSES)),
             "cause": _Field(_cause),
             "node": _Field(_id_string, required=False),
-            "gpu": _Field(_integer(0), required=False),
+            "gpu": _Field(_integer(0, INT4_MAX), required=False),
             "step": _Field(_integer(0), required=False),
             "detail": _Field(_text(TEXT_MAX_LEN, blank_ok=True), required=False),
         },
@@ -478,7 +515,7 @@ _SPECS: Final[dict[str, tuple[type, dict[str, _Field]]]] = {
             "lost_steps": _Field(_integer(0)),
             "recovery_seconds": _Field(_number(positive=False)),
             "step_seconds": _Field(_number(positive=True)),
-            "gpus_affected": _Field(_integer(1)),
+            "gpus_affected": _Field(_integer(1, INT4_MAX)),
         },
     ),
     "exclusion": (
@@ -525,7 +562,11 @@ def _check_unknown(
 
 
 def validate_record(
-    obj: Any, *, line: int | None = None, index: int | None = None
+    obj: Any,
+    *,
+    line: int | None = None,
+    index: int | None = None,
+    now: datetime | None = None,
 ) -> tuple[Record | None, list[RecordError]]:
     """Validate one parsed ingestion record.
 
@@ -533,10 +574,12 @@ def validate_record(
     problem found (each a :class:`RecordError` carrying ``line``/``index`` as given and
     the field): not an object, unknown or missing ``kind``, missing required fields,
     wrong types, values out of range, unknown extra fields, and ``live_migrated`` with
-    ``lost_steps`` > 0. Does not check references to other records (see
-    :func:`check_references`).
+    ``lost_steps`` > 0, values the database cannot store (NUL in text, an int4 column
+    over 2**31 - 1, a timestamp before 1970 or with an offset beyond ±14:00) and
+    records dated more than ``FUTURE_SKEW_HOURS`` after ``now`` (default: the clock).
+    Does not check references to other records (see :func:`ledger.records.causal_order`).
     """
-    ctx = _Ctx(line, index)
+    ctx = _Ctx(line, index, now)
     if not isinstance(obj, dict):
         ctx.fail("", f"record must be a JSON object, not {_json_type(obj)}")
         return None, ctx.errors

@@ -33,10 +33,15 @@ def add_contract(engine: Engine, cid: str = "C-1", **over: Any) -> None:
 
 
 def ingest_records(engine: Engine, records: list[dict[str, Any]]) -> None:
-    """Ingest ``records`` through the ledger, with billing's projectors wired in."""
+    """Ingest ``records`` through the ledger, with billing's projectors wired in.
+
+    The stories here run until :data:`AFTER_Y2`: records are validated against a clock
+    at least that late (the ledger refuses records dated more than 24 h ahead).
+    """
     from billing.projections import PROJECTORS
 
-    recs, errors = parse_jsonl(f.jsonl(records))
+    clock = max(datetime.now(UTC), AFTER_Y2 + timedelta(days=30))
+    recs, errors = parse_jsonl(f.jsonl(records), now=clock)
     assert not errors, errors
     with unit_of_work(engine) as s:
         ingest(s, recs, extra_projectors=PROJECTORS)
