@@ -258,8 +258,8 @@ def causal_order(keys: Sequence[OrderKey]) -> tuple[list[int], list[RecordError]
       come in time order (``occurred_at``, then batch order), so a job can finish and
       start again within one batch;
     * a ``job_progress`` or ``failure`` comes after the latest ``job_started`` of its job
-      at or before its ``occurred_at``, and before that job's next ``job_finished``
-      (the first start or finish later than it, when that is a finish);
+      at or before its ``occurred_at`` (nothing needs it before the job's finish, so it
+      is not moved there: file order is kept wherever nothing requires otherwise);
     * records with no such constraint between them keep their batch order: this is a
       stable topological sort (always the earliest ready record first).
     Errors (field ``failure_event_id``, with the record's line/index) come back with the
@@ -304,15 +304,11 @@ def causal_order(keys: Sequence[OrderKey]) -> tuple[list[int], list[RecordError]
             edge(first, then)
         starts = [i for i in bounds if keys[i].kind == "job_started"]
         start_times = [keys[i].occurred_at for i in starts]
-        bound_times = [keys[i].occurred_at for i in bounds]
         for i in members:
             if keys[i].kind in ("job_progress", "failure"):
                 at = bisect.bisect_right(start_times, keys[i].occurred_at)
                 if at:
                     edge(starts[at - 1], i)
-                after = bisect.bisect_right(bound_times, keys[i].occurred_at)
-                if after < len(bounds) and keys[bounds[after]].kind == "job_finished":
-                    edge(i, bounds[after])
     ready = [i for i in range(n) if indegree[i] == 0]
     heapq.heapify(ready)
     order: list[int] = []
