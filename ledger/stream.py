@@ -146,9 +146,15 @@ def read_records(index: FileIndex, positions: Sequence[int], fh: BinaryIO) -> li
     rolls back).
     """
     out: list[Record] = []
+    pos = fh.tell()
     for p in positions:
-        fh.seek(index.offsets[p])
-        line = fh.readline().rstrip(b"\n")
+        # Causal order is mostly file order: seek only when the next line is elsewhere
+        # (a seek drops the read buffer).
+        if pos != index.offsets[p]:
+            fh.seek(index.offsets[p])
+        raw = fh.readline()
+        pos = index.offsets[p] + len(raw)
+        line = raw.rstrip(b"\n")
         key = index.keys[p]
         record, _ = validate_record(parse_json_strict(line), line=key.line, now=index.now)
         if record is None or hashlib.sha256(record.canonical).digest() != index.digests[p]:
