@@ -212,7 +212,8 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
             'class="grid"/>'
         )
         if abs(tick - thr) >= step / 2.5:  # the threshold's own label takes this place
-            minor = "" if tick % 50 == 0 else " minor"  # hidden on a phone
+            # on a phone only 0 % and 50 % stay (with the threshold's own label)
+            minor = "" if tick in (0, 50) else " minor"
             parts.append(
                 f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick y{minor}" '
                 f'text-anchor="end">{tick}%</text>'
