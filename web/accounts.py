@@ -24,6 +24,8 @@ from web.security import verify_password as _verify
 
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+")
 MIN_PASSWORD = 10
+#: What a token may be given besides reading a customer's data and posting records.
+TOKEN_SCOPES = ("metrics",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class Principal:
     customer: str | None
     contract_ids: frozenset[str] = frozenset()
     session_binding: str | None = None
+    #: A token's extra scopes (:data:`TOKEN_SCOPES`); users have none.
+    scopes: frozenset[str] = frozenset()
 
     @property
     def is_staff(self) -> bool:
@@ -335,14 +339,24 @@ def create_token(
     name: str,
     contract_ids: list[str] | None = None,
     customer: str | None = None,
+    scopes: list[str] | None = None,
 ) -> CreatedToken:
     """Create a token that may post records for ``contract_ids`` and/or read ``customer``'s data.
 
-    Every contract named must exist.
+    Every contract named must exist.  ``scopes``: what else it may do, among
+    :data:`TOKEN_SCOPES` (``metrics``: scrape ``/metrics``; a token with only that scope
+    reads nothing else).
     """
     ids = sorted(set(contract_ids or []))
-    if not ids and not customer:
-        raise Invalid("a token needs --contract (to post records) or --customer (to read)")
+    wanted = sorted(set(scopes or []))
+    unknown = [x for x in wanted if x not in TOKEN_SCOPES]
+    if unknown:
+        raise Invalid(f"unknown scope(s): {', '.join(unknown)} (known: {', '.join(TOKEN_SCOPES)})")
+    if not ids and not customer and not wanted:
+        raise Invalid(
+            "a token needs --contract (to post records), --customer (to read) "
+            "or --scope metrics (to scrape /metrics)"
+        )
     if ids:
         found = set(
             session.execute(
@@ -359,6 +373,7 @@ def create_token(
         name=name.strip() or new.prefix,
         customer=customer.strip() if customer else None,
         contract_ids=ids,
+        scopes=wanted,
     )
     session.add(row)
     session.flush()
@@ -382,6 +397,7 @@ def token_principal(session: Session, text: str) -> Principal | None:
         role="customer" if row.customer else "runtime",
         customer=row.customer,
         contract_ids=frozenset(row.contract_ids),
+        scopes=frozenset(row.scopes or ()),
     )
 
 

@@ -87,6 +87,8 @@ class ApiToken(Base):
     contract_ids: Mapped[list[str]] = mapped_column(
         ARRAY(Text), nullable=False, server_default="{}"
     )
+    #: What else it may do: ``metrics`` (scrape ``/metrics``, see docs/metrics.md).
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
@@ -94,8 +96,10 @@ class ApiToken(Base):
 
     __table_args__ = (
         CheckConstraint(
-            "customer IS NOT NULL OR cardinality(contract_ids) > 0", name="has_scope"
+            "customer IS NOT NULL OR cardinality(contract_ids) > 0 OR cardinality(scopes) > 0",
+            name="has_scope",
         ),
+        CheckConstraint("scopes <@ ARRAY['metrics']::text[]", name="scopes_known"),
     )
 
 

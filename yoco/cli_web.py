@@ -201,6 +201,10 @@ def tokens_create(
     customer: Annotated[
         str | None, typer.Option(help="A customer whose data it may read through the API.")
     ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", help="An extra scope: 'metrics' (scrape /metrics; repeat)."),
+    ] = None,
 ) -> None:
     """Create an API token and print it ONCE (only its SHA-256 is stored)."""
     from web.accounts import create_token
@@ -210,16 +214,20 @@ def tokens_create(
     with application() as ctx:
         try:
             with unit_of_work(ctx.engine) as s:
-                made = create_token(s, name=name, contract_ids=contract, customer=customer)
+                made = create_token(
+                    s, name=name, contract_ids=contract, customer=customer, scopes=scope
+                )
                 prefix = made.row.prefix
         except WebError as exc:
             fail(exc.message)
-    scope = []
+    what = []
     if contract:
-        scope.append("post records for " + ", ".join(sorted(set(contract))))
+        what.append("post records for " + ", ".join(sorted(set(contract))))
     if customer:
-        scope.append(f"read the data of customer {customer!r}")
-    err.print(f"token {prefix} ({name}) may " + " and ".join(scope) + ".", highlight=False)
+        what.append(f"read the data of customer {customer!r}")
+    if scope and "metrics" in scope:
+        what.append("scrape /metrics")
+    err.print(f"token {prefix} ({name}) may " + " and ".join(what) + ".", highlight=False)
     err.print("It is shown once, now; store it as a secret:", highlight=False)
     print(made.text)
 

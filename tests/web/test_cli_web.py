@@ -39,6 +39,11 @@ def test_users_and_tokens_from_the_command_line(yoco_env, tmp_path) -> None:
     assert token.startswith("yoco_") and len(token) > 50
     r = _yoco(["tokens", "create", "--name", "rt", "--contract", "C-NOPE"])
     assert r.exit_code == 2 and "unknown contract" in r.output
+    r = _yoco(["tokens", "create", "--name", "prom", "--scope", "metrics"])
+    assert r.exit_code == 0 and "scrape /metrics" in r.output, r.output
+    metrics_token = r.stdout.strip().splitlines()[-1]
+    r = _yoco(["tokens", "create", "--name", "x", "--scope", "admin"])
+    assert r.exit_code == 2 and "unknown scope" in r.output
 
     from fastapi.testclient import TestClient
 
@@ -48,6 +53,8 @@ def test_users_and_tokens_from_the_command_line(yoco_env, tmp_path) -> None:
         rec = fx.rec("job_started", "C-9", fx.T0, job_id="j", gpus=8)
         r = c.post("/api/v1/records", json=[rec], headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and r.json()["appended"] == 1
+        r = c.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
+        assert r.status_code == 200 and "yoco_ledger_entries" in r.text
         prefix = "_".join(token.split("_")[:2])
         assert _yoco(["tokens", "revoke", prefix]).exit_code == 0
         r = c.post("/api/v1/records", json=[rec], headers={"Authorization": f"Bearer {token}"})

@@ -17,6 +17,7 @@ from web.routers import (
     credits,
     failures,
     finance,
+    metrics,
     operator,
     reports,
     risk,
@@ -38,4 +39,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     api_checkpoints.router,
     api_records.router,
     auditlog.router,
+    metrics.router,
 )

@@ -1,0 +1,297 @@
+"""``/metrics``: the SLA figures, the ledger and recoveries for Prometheus (OpenMetrics).
+
+Who may scrape: a bearer token made with ``yoco tokens create --scope metrics`` (it
+may do nothing else), or a logged-in operator.  No credentials: 401 with
+``WWW-Authenticate: Bearer``; anyone else (customers, finance, read and ingest tokens):
+404, as every operator page.
+
+What is exposed (docs/metrics.md): per contract and open contract year, the figures of
+``yoco sla`` (the portal's cached year views, :func:`web.services.year_view_for`) and
+the credit liability; per contract, the ledger's size and the age of its newest signed
+checkpoint; per contract, the recoveries reported into the ledger (outcome entries, so
+every runtime that reports there is counted) by outcome, and a histogram of their
+recovery seconds.  Labels are ``contract``, ``year`` and (recoveries only) ``outcome``:
+one series per open contract year (or per contract) per metric.
+
+A scrape reads two small aggregates (log sizes and checkpoint times); the year figures
+come from the view cache (recomputed only when the log grew or the TTL passed), and
+the recovery aggregates and each year's block of samples from the page cache, keyed by
+the log sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from sqlalchemy import func, select, text
+from starlette.concurrency import run_in_threadpool
+
+from billing.money import credit_minor_units, from_minor_units
+from billing.services import current_year
+from ledger.models import Checkpoint, LedgerLog
+from web import billing_bridge, services
+from web.accounts import Principal
+from web.deps import PortalDep, caller_async
+from web.errors import NotFound
+from web.pagecache import view_stamp
+from web.portal import Portal
+from web.views import YearView
+
+router = APIRouter(tags=["metrics"], include_in_schema=False)
+
+#: The scope a token needs (``yoco tokens create --scope metrics``).
+SCOPE = "metrics"
+#: Upper bounds (seconds) of the recovery-time histogram's buckets (+Inf added).
+RECOVERY_BUCKETS: tuple[float, ...] = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+#: Reads of the scrape run scoped to every tenant (the figures of all contracts).
+_READER = Principal(kind="token", id=0, name="metrics", role="operator", customer=None)
+
+_YEAR_METRICS: tuple[tuple[str, str], ...] = (
+    ("yoco_covered_failures", "Covered failures of the contract year so far."),
+    ("yoco_resolved_failures", "Covered failures resolved by live migration, no lost progress."),
+    ("yoco_pending_failures", "Covered failures with no outcome reported yet."),
+    ("yoco_unresolved_failures", "Covered failures not resolved (rolled back, failed, pending)."),
+    ("yoco_resolution_rate", "Resolved / covered failures, 0..1 (absent: no covered failure)."),
+    ("yoco_guarantee_threshold", "The guaranteed resolution rate, 0..1."),
+    ("yoco_guarantee_met", "1 if the year's figures meet the guarantee now, else 0."),
+    ("yoco_lost_gpu_hours", "GPU-hours lost to failures in the contract year so far."),
+    ("yoco_allocated_gpu_hours", "GPU-hours allocated in the contract year so far."),
+    ("yoco_goodput", "1 - lost / allocated GPU-hours of the contract year so far, 0..1."),
+    ("yoco_credit_liability", "The credit due if the year closed now (0 when met), in the "
+                              "contract's currency (label currency)."),
+)
+
+
+def metrics_caller(request: Request, who: Principal | None) -> Principal | None:
+    """``who`` if it may scrape (metrics token, operator user); NotFound for others."""
+    if who is None:
+        return None
+    if who.kind == "token" and SCOPE in who.scopes:
+        return who
+    if who.kind == "user" and who.role == "operator":
+        return who
+    raise NotFound()
+
+
+@router.get("/metrics")
+async def metrics(request: Request, portal: PortalDep) -> Response:
+    """The OpenMetrics exposition (see docs/metrics.md)."""
+    who = metrics_caller(request, await caller_async(request, portal))
+    if who is None:
+        return Response(
+            "Send 'Authorization: Bearer <token>' with a token of scope 'metrics'.\n",
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+            media_type="text/plain",
+        )
+    body = await run_in_threadpool(exposition, portal)
+    return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
+
+
+def exposition(portal: Portal) -> bytes:
+    """The body of a scrape at ``portal.now()``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(portal))
+    return generate_latest(registry)
+
+
+# ---------------------------------------------------------------------------- collecting
+
+
+@dataclass(frozen=True, slots=True)
+class _Recoveries:
+    by_outcome: tuple[tuple[str, int], ...]
+    buckets: tuple[int, ...]  # cumulative counts per RECOVERY_BUCKETS, then +Inf
+    total_seconds: float
+
+
+class _Snapshot(Collector):
+    def __init__(self, portal: Portal) -> None:
+        self.portal = portal
+
+    def collect(self) -> Iterator[Metric]:
+        portal = self.portal
+        now = portal.now()
+        with portal.db.read(_READER) as db:
+            contracts = [c.contract_id for c in services.visible_contracts(db, _READER)]
+            sizes = {
+                log_id: int(size)
+                for log_id, size in db.execute(select(LedgerLog.log_id, LedgerLog.size))
+            }
+            signed = dict(
+                db.execute(
+                    select(Checkpoint.log_id, func.max(Checkpoint.signed_at)).group_by(
+                        Checkpoint.log_id
+                    )
+                ).all()
+            )
+            stamp = tuple((c, sizes.get(c, 0)) for c in contracts)
+            recoveries: dict[str, _Recoveries] = portal.pages.get_or_make(
+                ("metrics-recoveries", stamp), lambda: _recoveries(db)
+            )
+            closes = {c: billing_bridge.year_closes(db, c) for c in contracts}
+            views: list[YearView] = []
+            for cid in contracts:
+                views.extend(_open_years(portal, db, cid, closes[cid], now))
+        yield from _ledger_metrics(contracts, sizes, signed, now)
+        yield from _recovery_metrics(contracts, recoveries)
+        yield from _year_metrics(portal, views)
+
+
+def _open_years(
+    portal: Portal, db: Any, contract_id: str, closed: dict[int, Any], now: datetime
+) -> list[YearView]:
+    """The views of the contract's years that have begun (or the first) and are not closed."""
+    spec = services.contract_for(db, _READER, contract_id, portal.views)
+    last = current_year(spec, now)
+    out = []
+    for k in range(1, last + 1):
+        if k in closed:
+            continue
+        out.append(services.year_view_for(portal, _READER, contract_id, k, now))
+    return out
+
+
+def _recoveries(db: Any) -> dict[str, _Recoveries]:
+    """Outcome entries per contract: counts by outcome, and recovery-seconds buckets."""
+    by_outcome: dict[str, list[tuple[str, int]]] = {}
+    for cid, outcome, n in db.execute(
+        text(
+            "SELECT contract_id, outcome, count(*) FROM outcomes "
+            "GROUP BY contract_id, outcome ORDER BY contract_id, outcome"
+        )
+    ):
+        by_outcome.setdefault(cid, []).append((outcome, int(n)))
+    cols = ", ".join(
+        f"count(*) FILTER (WHERE recovery_seconds <= {Decimal(str(b))})"
+        for b in RECOVERY_BUCKETS
+    )
+    out: dict[str, _Recoveries] = {}
+    for row in db.execute(
+        text(
+            f"SELECT contract_id, {cols}, count(*), coalesce(sum(recovery_seconds), 0) "
+            "FROM outcomes GROUP BY contract_id"
+        )
+    ):
+        cid, *counts, total = row
+        out[cid] = _Recoveries(
+            by_outcome=tuple(by_outcome.get(cid, [])),
+            buckets=tuple(int(n) for n in counts),
+            total_seconds=float(total),
+        )
+    return out
+
+
+def _ledger_metrics(
+    contracts: list[str], sizes: dict[str, int], signed: dict[str, datetime], now: datetime
+) -> Iterable[Metric]:
+    entries = GaugeMetricFamily(
+        "yoco_ledger_entries", "Entries in the contract's ledger log.", labels=["contract"]
+    )
+    age = GaugeMetricFamily(
+        "yoco_checkpoint_age_seconds",
+        "Seconds since the newest signed checkpoint of the contract's log.",
+        labels=["contract"],
+        unit="seconds",
+    )
+    for cid in contracts:
+        entries.add_metric([cid], sizes.get(cid, 0))
+        if cid in signed:
+            age.add_metric([cid], max(0.0, (now - signed[cid]).total_seconds()))
+    return (entries, age)
+
+
+def _recovery_metrics(contracts: list[str], found: dict[str, _Recoveries]) -> Iterable[Metric]:
+    counts = CounterMetricFamily(
+        "yoco_recoveries",
+        "Outcome entries reported into the ledger (every runtime), by outcome.",
+        labels=["contract", "outcome"],
+    )
+    hist = HistogramMetricFamily(
+        "yoco_recovery_seconds",
+        "Recovery seconds of the outcome entries reported into the ledger.",
+        labels=["contract"],
+        unit="seconds",
+    )
+    for cid in contracts:
+        r = found.get(cid)
+        if r is None:
+            continue
+        for outcome, n in r.by_outcome:
+            counts.add_metric([cid, outcome], n)
+        bounds = [*(_le(b) for b in RECOVERY_BUCKETS), "+Inf"]
+        hist.add_metric([cid], list(zip(bounds, r.buckets, strict=True)), r.total_seconds)
+    return (counts, hist)
+
+
+def _le(bound: float) -> str:
+    return str(float(bound))
+
+
+def _year_metrics(portal: Portal, views: list[YearView]) -> Iterable[Metric]:
+    families = {
+        name: GaugeMetricFamily(name, doc, labels=["contract", "year"])
+        for name, doc in _YEAR_METRICS
+        if name != "yoco_credit_liability"
+    }
+    liability = GaugeMetricFamily(
+        "yoco_credit_liability",
+        dict(_YEAR_METRICS)["yoco_credit_liability"],
+        labels=["contract", "year", "currency"],
+    )
+    for view in views:
+        samples: tuple[tuple[str, float], ...] = portal.pages.get_or_make(
+            ("metrics-year", *view_stamp(view)), lambda v=view: year_samples(v)  # type: ignore[misc]
+        )
+        labels = [view.contract.contract_id, str(view.year)]
+        for name, value in samples:
+            if name == "yoco_credit_liability":
+                liability.add_metric([*labels, view.contract.currency], value)
+            else:
+                families[name].add_metric(labels, value)
+    return (*families.values(), liability)
+
+
+def year_samples(view: YearView) -> tuple[tuple[str, float], ...]:
+    """(metric, value) of one contract year's view."""
+    f = view.figures
+    out: list[tuple[str, float]] = [
+        ("yoco_covered_failures", f.covered_failures),
+        ("yoco_resolved_failures", f.resolved_failures),
+        ("yoco_pending_failures", f.pending_failures),
+        ("yoco_unresolved_failures", f.unresolved_failures),
+    ]
+    if f.resolution_rate is not None:
+        out.append(("yoco_resolution_rate", float(f.resolution_rate)))
+    out += [
+        ("yoco_guarantee_threshold", float(f.threshold_percent / 100)),
+        ("yoco_guarantee_met", 1.0 if f.guarantee_met else 0.0),
+        ("yoco_lost_gpu_hours", float(f.lost_gpu_hours)),
+        ("yoco_allocated_gpu_hours", float(f.allocated_gpu_hours)),
+        ("yoco_goodput", float(f.goodput)),
+        ("yoco_credit_liability", credit_liability(view)),
+    ]
+    return tuple(out)
+
+
+def credit_liability(view: YearView) -> float:
+    """The credit billing would issue if the year closed with its figures now (0 if met)."""
+    if view.figures.guarantee_met:
+        return 0.0
+    c = view.contract
+    minor = credit_minor_units(c.credit_base, view.terms.credit_percent, c.currency)
+    return float(from_minor_units(minor, c.currency))
