@@ -3,7 +3,7 @@
 A token now needs a customer (read), contracts (post records) or a scope.
 
 Revision ID: 0016
-Revises: 0006
+Revises: 0004
 Create Date: 2026-12-01 00:10:00
 """
 
@@ -16,7 +16,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0016"
-down_revision: str | None = "0006"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
