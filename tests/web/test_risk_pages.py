@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from billing.forecast import open_year_forecasts
+from billing.money import format_money
 
 
 def _rows(html: str) -> list[tuple[str, str]]:
@@ -32,7 +33,8 @@ def test_operator_risk_view_lists_open_years_by_probability_and_by_credit(
     assert ps == sorted(ps, reverse=True)
     # Each row shows its probability and expected credit as billing computed them.
     first = want[0]
-    assert f"{first.expected_credit} {first.currency}" in html
+    assert format_money(first.expected_credit, first.currency) in html
+    assert format_money(first.credit_if_missed_minor, first.currency, minor=True) in html
     by_credit = op.get("/operator/risk", params={"by": "expected_credit"})
     assert by_credit.status_code == 200
     credits = sorted(want, key=lambda f: (-f.expected_credit, -f.p_miss, f.contract_id, f.year))
@@ -59,6 +61,6 @@ def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, s
     with Session(ctx.engine) as s:
         fc = forecast_contract_year(s, "C-A", now=app.state.portal.now())
     assert line.startswith(f"Forecast: {pct(fc.p_miss)} chance this year ends below 90 %")
-    assert f"expected credit {fc.expected_credit} USD" in line and "not the verdict" in line
+    assert f"expected credit {format_money(fc.expected_credit, 'USD')}" in line and "not the verdict" in line
     # The verdict itself is unchanged.
     assert "Below the guarantee so far" in html
