@@ -51,6 +51,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def parse_now(value: str | None) -> datetime | None:
+    """The ``--now`` option: None when absent, else an aware datetime (exit 2 otherwise)."""
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"--now must be ISO 8601 with an offset, got {value!r}")
+    if t.tzinfo is None:
+        fail(f"--now must carry a UTC offset, got {value!r}")
+    return t
+
+
 @contextmanager
 def application(*, schema: bool = True) -> Iterator[App]:
     """The composition root for one command; turns domain errors into exit codes."""

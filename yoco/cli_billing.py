@@ -7,13 +7,13 @@ nothing written (see :func:`yoco.cli.application`).
 from __future__ import annotations
 
 import json
-from datetime import date, datetime
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from yoco.cli import application, err, fail, out
+from yoco.cli import application, err, fail, out, parse_now
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,18 +54,6 @@ def _date(name: str, value: str | None) -> date | None:
         return date.fromisoformat(value)
     except ValueError:
         fail(f"{name} must be a date YYYY-MM-DD, got {value!r}")
-
-
-def _now(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        fail(f"--now must be ISO 8601 with an offset, got {value!r}")
-    if t.tzinfo is None:
-        fail(f"--now must carry a UTC offset, got {value!r}")
-    return t
 
 
 def _print_json(obj: Any) -> None:
@@ -137,7 +125,7 @@ def close_year_cmd(
     """
     from billing.closing import close_year
 
-    at = _now(now)
+    at = parse_now(now)
     with application() as ctx:
         r = _unit(
             ctx,
@@ -181,7 +169,7 @@ def close_due_cmd(
     """
     from billing.schedule import close_due_run
 
-    at = _now(now)
+    at = parse_now(now)
     with application() as ctx:
         run = _unit(
             ctx,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from yoco.cli import application, fail, out
+from yoco.cli import application, fail, out, parse_now
 
 if TYPE_CHECKING:
     from billing.risk import JobKind
@@ -333,18 +333,6 @@ def _pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.2%}"
 
 
-def _parse_now(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        fail(f"--now must be ISO 8601 with an offset, got {value!r}")
-    if t.tzinfo is None:
-        fail(f"--now must carry a UTC offset, got {value!r}")
-    return t
-
-
 @risk_app.command("forecast")
 def forecast(
     contract: Annotated[
@@ -376,7 +364,7 @@ def forecast(
         fail("--year needs --contract")
     if by not in ("p_miss", "expected_credit"):
         fail(f"--by must be p_miss or expected_credit, got {by!r}")
-    at = _parse_now(now)
+    at = parse_now(now)
     with application() as ctx:
         if contract is not None and year is not None:
             rows = [_unit(ctx, lambda s: forecast_contract_year(s, contract, year, now=at))]
