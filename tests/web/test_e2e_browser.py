@@ -160,6 +160,7 @@ NOT_PAGES = {
     "/contracts/{contract_id}/reports/{month}.pdf", "/contracts/{contract_id}/checkpoints/consistency",
     "/finance/export.{fmt}", "/api/openapi.json", "/static",
     "/contracts/{contract_id}/log.tar.gz",
+    "/metrics",  # OpenMetrics text for Prometheus (tests/web/test_metrics.py)
 }
 
 
