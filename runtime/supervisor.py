@@ -476,9 +476,14 @@ class Supervisor:
                         or self.store.check([P.finished_key(slot)])):
                     out.append((slot, None))  # killed or crashing: act now, classify later
                 continue  # an orderly exit is judged by its exit status once reaped
-            if self.store.check([P.left_key(slot)]) or (
-                    rc == 0 and self.store.check([P.finished_key(slot)])):
-                self.retired.add(slot)  # left on purpose after a move, or finished
+            finished = self.store.check([P.finished_key(slot)])
+            if self.store.check([P.left_key(slot)]) or finished:
+                # Left on purpose after a move, or finished: a member that marked its last
+                # step committed has nothing left to lose, so a crash in its teardown (gloo
+                # aborts when a finished peer closes its sockets first) is not a failure.
+                if finished and rc != 0:
+                    log.warning("%s exited with status %s after finishing its last step", slot, rc)
+                self.retired.add(slot)
                 self.moving.discard(slot)
                 continue
             out.append((slot, rc))
