@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,11 @@ from runtime.state import CheckpointWriter, clone_state, read_checkpoint
 class Checkpointer:
     """Periodic, asynchronous, atomically written checkpoints of one replica."""
 
-    def __init__(self, *, every: int, directory: Path, store: dist.Store) -> None:
+    def __init__(self, *, every: int, directory: Path, store: dist.Store,
+                 before_rename: Callable[[int], None] | None = None) -> None:
         self.every = every
         self._store = store
-        self._writer = CheckpointWriter(directory, self._published)
+        self._writer = CheckpointWriter(directory, self._published, before_rename)
 
     def due(self, step: int) -> bool:
         """True when committed step ``step`` is to be checkpointed."""

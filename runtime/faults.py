@@ -2,8 +2,15 @@
 
 Actions (``rank`` is the data-parallel rank, ``step`` the 0-based step index):
 
-* ``kill:rank=K:step=T`` — worker K SIGKILLs itself mid-step T (its gradient allreduce
-  already launched, so its peers are inside the collective);
+* ``kill:rank=K:step=T[:phase=P][:micro=M]`` — worker K SIGKILLs itself in phase P of
+  step T: ``reduce`` (the default: its gradient allreduce already launched, so its peers
+  are inside the collective), ``forward`` (at the start of the forward pass of micro-batch
+  M, default 0, of the step: with gradient accumulation, M > 0 is mid-accumulation),
+  ``backward`` (when the first gradient of micro-batch M's backward pass has been
+  accumulated), ``optimizer`` (right after its own ``optimizer.step()`` applied the
+  update, before the step is counted as committed) or ``checkpoint`` (rank K's
+  checkpoint writer, half-way through writing the checkpoint of committed step T: the
+  file is written but neither renamed nor published);
 * ``raise:rank=K:step=T`` — worker K's collective of step T raises;
 * ``warn:rank=K:step=T[:signal=CAUSE]`` — a telemetry warning (default ``ecc_rising``)
   for worker K is injected through the signal file at step T;
@@ -19,14 +26,20 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import protocol as P
 from runtime.errors import FaultSpecError
 
+if TYPE_CHECKING:  # parsing fault specs (yoco run) does not import torch
+    import torch
+
 ACTIONS = ("kill", "raise", "warn", "drain", "killall")
+#: Where in a step a ``kill`` fires (see the module docstring).
+PHASES = ("forward", "backward", "reduce", "optimizer", "checkpoint")
 SIGNAL_CAUSES = ("ecc_rising", "ecc_uncorrectable", "row_remap_pending", "thermal", "xid")
 
 
@@ -38,6 +51,8 @@ class FaultSpec:
     step: int
     rank: int | None = None
     signal: str = "ecc_rising"
+    phase: str = "reduce"
+    micro: int = 0
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -51,6 +66,14 @@ class FaultSpec:
             raise FaultSpecError(f"{self.action} needs rank=K (K >= 0)")
         if self.signal not in SIGNAL_CAUSES:
             raise FaultSpecError(f"signal must be one of {SIGNAL_CAUSES}")
+        if self.phase not in PHASES:
+            raise FaultSpecError(f"phase must be one of {PHASES}, got {self.phase!r}")
+        if (self.phase != "reduce" or self.micro) and self.action != "kill":
+            raise FaultSpecError("phase and micro apply to kill only")
+        if self.micro < 0:
+            raise FaultSpecError("micro must be >= 0")
+        if self.micro and self.phase not in ("forward", "backward"):
+            raise FaultSpecError("micro applies to the forward and backward phases only")
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-able dict (how faults travel to workers in the environment)."""
@@ -63,7 +86,7 @@ def parse_fault(text: str) -> FaultSpec:
     kv: dict[str, str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("rank", "step", "signal"):
+        if not sep or key not in ("rank", "step", "signal", "phase", "micro"):
             raise FaultSpecError(f"bad fault field {part!r} in {text!r}")
         kv[key] = value
     if "step" not in kv:
@@ -71,7 +94,8 @@ def parse_fault(text: str) -> FaultSpec:
     try:
         return FaultSpec(action=action, step=int(kv["step"]),
                          rank=int(kv["rank"]) if "rank" in kv else None,
-                         signal=kv.get("signal", "ecc_rising"))
+                         signal=kv.get("signal", "ecc_rising"),
+                         phase=kv.get("phase", "reduce"), micro=int(kv.get("micro", "0")))
     except ValueError as exc:
         if isinstance(exc, FaultSpecError):
             raise
@@ -107,9 +131,66 @@ class FaultInjector:
         self._slot = slot
         self._signal_file = signal_file
         self._control_dir = control_dir
+        self._where: Callable[[], tuple[int, int]] = lambda: (-1, -1)
+        self._forwards = 0  # forward passes begun in the current step (micro-batches)
+        self._backward_hit = -1  # the micro-batch whose backward already checked faults
+
+    def install(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                where: Callable[[], tuple[int, int]]) -> None:
+        """Hook the phases a ``kill`` can name into ``model`` and ``optimizer``;
+        ``where()`` returns this worker's (step, rank) now. Only the hooks some fault
+        needs are installed: a job without phase faults runs no hook at all."""
+        self._where = where
+        phases = {f.phase for f in self.faults if f.action == "kill"}
+        if phases & {"forward", "backward"}:
+            model.register_forward_pre_hook(self._on_forward)
+        if "backward" in phases:
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self._on_grad)
+        if "optimizer" in phases:
+            optimizer.register_step_post_hook(self._on_optimizer_step)
+
+    def _kill(self, fault: FaultSpec) -> None:
+        if self._fire(fault):
+            self._store.set(P.KEY_KILLED_AT, repr(time.time()))  # for the benchmark
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _due(self, phase: str, step: int, rank: int, micro: int | None = None) -> list[FaultSpec]:
+        return [f for f in self.faults if f.action == "kill" and f.phase == phase
+                and f.step == step and f.rank == rank and (micro is None or f.micro == micro)]
+
+    def _on_forward(self, _module: Any, _args: Any) -> None:
+        micro = self._forwards
+        self._forwards += 1
+        step, rank = self._where()
+        for fault in self._due("forward", step, rank, micro):
+            self._kill(fault)
+
+    def _on_grad(self, _param: Any) -> None:
+        micro = self._forwards - 1  # the micro-batch whose backward is running
+        if micro == self._backward_hit:
+            return  # checked at this backward's first gradient already
+        self._backward_hit = micro
+        step, rank = self._where()
+        for fault in self._due("backward", step, rank, micro):
+            self._kill(fault)
+
+    def _on_optimizer_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+        step, rank = self._where()
+        for fault in self._due("optimizer", step, rank):
+            self._kill(fault)
+
+    def during_checkpoint(self, *, step: int, rank: int) -> None:
+        """Called by the checkpoint writer with the file written but not yet renamed or
+        published: a ``kill`` at phase ``checkpoint`` of ``step`` fires here."""
+        for fault in self._due("checkpoint", step, rank):
+            self._kill(fault)
 
     def at_step_start(self, *, step: int, rank: int, gen: int) -> None:
         """Fire the faults that act at the start of ``step`` (killall, warn, drain)."""
+        self._forwards = 0
+        self._backward_hit = -1
         for fault in self.faults:
             if fault.step != step:
                 continue
@@ -121,13 +202,12 @@ class FaultInjector:
     def in_collective(self, *, step: int, rank: int) -> bool:
         """Fire the faults that act with the step's allreduce launched: ``kill`` does not
         return; True when an injected ``raise`` is due (the caller fails its collective)."""
+        for fault in self._due("reduce", step, rank):
+            self._kill(fault)
         for fault in self.faults:
-            if fault.step == step and fault.rank == rank:
-                if fault.action == "kill" and self._fire(fault):
-                    self._store.set(P.KEY_KILLED_AT, repr(time.time()))  # for the benchmark
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if fault.action == "raise" and self._fire(fault):
-                    return True
+            if fault.step == step and fault.rank == rank and fault.action == "raise" \
+                    and self._fire(fault):
+                return True
         return False
 
     def _killall_armed(self, fault: FaultSpec, gen: int) -> bool:
@@ -137,7 +217,9 @@ class FaultInjector:
         return bool(armed.decode() == str(gen))
 
     def _fire(self, fault: FaultSpec) -> bool:
-        return int(self._store.add(P.fired_key(fault.action, fault.step, fault.rank), 1)) == 1
+        action = fault.action if fault.phase == "reduce" else \
+            f"{fault.action}.{fault.phase}.{fault.micro}"
+        return int(self._store.add(P.fired_key(action, fault.step, fault.rank), 1)) == 1
 
     def _inject_request(self, fault: FaultSpec, step: int) -> None:
         line: dict[str, Any] = {"worker": self._slot, "t": time.time()}

@@ -133,15 +133,24 @@ class Job:
             run_dir = os.environ.get(P.ENV_RUN_DIR)
             if run_dir:
                 self._committed = CommittedStep(Path(run_dir) / P.COMMITTED_FILE)
+            faults = self._faults
+            faults.install(model=model, optimizer=optimizer,
+                           where=lambda: (self.step, self.rank))
             if self.config.checkpoint_every and self.config.checkpoint_dir:
-                self._ckpt = Checkpointer(every=self.config.checkpoint_every,
-                                          directory=Path(self.config.checkpoint_dir),
-                                          store=self._m.store)
+                self._ckpt = Checkpointer(
+                    every=self.config.checkpoint_every,
+                    directory=Path(self.config.checkpoint_dir), store=self._m.store,
+                    before_rename=lambda step: faults.during_checkpoint(step=step,
+                                                                        rank=self.rank))
         self._was_member = False
         self._move_seen = False
         self._sampler_snapshot: Any = None
         self._step_times: list[float] = []
         self._regroup_timing: dict[str, float] | None = None
+        # The step's gradient reduction: done (by the body through reduce_gradients, or
+        # after it), or abandoned because the membership changed while it was in flight.
+        self._reduced = False
+        self._abandoned: GenerationChanged | None = None
 
     # ----------------------------------------------------------------- public API
     @property
@@ -178,14 +187,47 @@ class Job:
             self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
 
+    def reduce_gradients(self) -> bool:
+        """Average the step's gradients over the group now, inside the loop body.
+
+        Call it after the last backward pass of the step (all micro-batches) when the body
+        needs the averaged gradient before the update: to clip it
+        (``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` then computes the
+        same norm on every rank, the norm a failure-free run computes), to log its norm,
+        or to skip a step on a non-finite one. Without it the runtime reduces after the
+        body. Returns True when the gradients are averaged; False when the membership
+        changed while they were in flight: the step is abandoned (it runs again in the
+        new group, from the same committed state) and whatever the body still does with
+        these gradients is discarded. Calling it again in the same step does nothing.
+        Standalone (world size 1) there is nothing to average: True.
+        """
+        if self._m is None or self._reduced:
+            return self._abandoned is None
+        try:
+            self._reduce()
+        except GenerationChanged as changed:
+            self._abandoned = changed
+            return False
+        return True
+
+    def autocast(self, dtype: torch.dtype = torch.bfloat16) -> torch.autocast:
+        """``torch.autocast`` for this replica's device (bf16 by default): the forward
+        pass in reduced precision, parameters, gradients and optimizer state in their own
+        dtype (fp32), so gradients are reduced and the update applied in full precision."""
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
     def steps(self, total: int) -> Iterator[int]:
         """Yield the index of each step to run until ``total`` steps are committed.
 
         The body must run the forward and backward pass of that step (gradients are
-        zeroed before each yield). The same index can be yielded again when the step was
-        abandoned because the membership changed; the body must not keep side effects of
-        an abandoned step. In a spare process this blocks until the spare is called in,
-        and it exits the process if the job ends without needing it.
+        zeroed before each yield), for as many micro-batches as it likes (gradient
+        accumulation: backward passes add up; nothing is reduced between them). It may
+        call :meth:`reduce_gradients` and then clip; the runtime applies
+        ``optimizer.step()`` and ``scheduler.step()`` after it. The same index can be
+        yielded again when the step was abandoned because the membership changed; the
+        body must not keep side effects of an abandoned step. In a spare process this
+        blocks until the spare is called in, and it exits the process if the job ends
+        without needing it.
         """
         if total < 0:
             raise ConfigError("total must be >= 0")
@@ -231,6 +273,8 @@ class Job:
         torch.manual_seed(seed)
         random.seed(seed)
         self._reducer.zero(self.optimizer)
+        self._reduced = False
+        self._abandoned = None
 
     # ----------------------------------------------------------------- step
     def _begin_step(self) -> None:
@@ -248,7 +292,8 @@ class Job:
             if latest == self.gen + 1 and self._m.plan(latest).mode == P.PlanMode.MOVE:
                 self._move_seen = True
 
-    def _finish_step(self) -> None:
+    def _reduce(self) -> None:
+        """Launch the step's gradient reduction, wait for it and average."""
         assert self._m is not None and self._faults is not None
         m = self._m
         red = self._reducer.launch(m.pg, m.cpu_pg, move_flag=self._move_seen)
@@ -258,6 +303,13 @@ class Job:
             m.wait(w, phase=P.Phase.STEP)
         if self._reducer.finish(red, self.world_size):
             self._move_seen = True
+        self._reduced = True
+
+    def _finish_step(self) -> None:
+        if self._abandoned is not None:
+            raise self._abandoned  # the body's reduce_gradients saw the membership change
+        if not self._reduced:
+            self._reduce()
         self._complete_transfer()
         self.optimizer.step()
         if self.scheduler is not None:

@@ -139,12 +139,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2) -> Path:
+def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2,
+                     before_rename: Callable[[int], None] | None = None) -> Path:
     """Atomically write ``state`` as ``step-XXXXXXXXX.pt`` in ``directory`` and fsync it.
 
     The file appears under its final name only when complete (write to a temporary
     name, fsync, rename, fsync the directory), so a reader never sees a torn file.
-    Keeps the ``keep`` newest checkpoints.
+    Keeps the ``keep`` newest checkpoints. ``before_rename(step)`` runs with the bytes
+    written but not yet renamed (fault injection: a death half-way through the write).
     """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:09d}.pt"
@@ -154,6 +156,8 @@ def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2) -> P
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename is not None:
+            before_rename(step)
         os.replace(tmp, final)
         _fsync_dir(directory)
     except OSError as exc:
@@ -184,9 +188,11 @@ def read_checkpoint(path: Path) -> Any:
 class CheckpointWriter:
     """Writes snapshots on a background thread so that training does not wait for disk."""
 
-    def __init__(self, directory: Path, on_written: Callable[[int, Path], None]) -> None:
+    def __init__(self, directory: Path, on_written: Callable[[int, Path], None],
+                 before_rename: Callable[[int], None] | None = None) -> None:
         self.directory = directory
         self._on_written = on_written
+        self._before_rename = before_rename
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -197,7 +203,8 @@ class CheckpointWriter:
 
         def run() -> None:
             try:
-                path = write_checkpoint(snapshot, self.directory, step)
+                path = write_checkpoint(snapshot, self.directory, step,
+                                        before_rename=self._before_rename)
                 self._on_written(step, path)
             except BaseException as exc:  # reported by wait(); a failed write is no crash
                 self.error = exc

@@ -89,8 +89,10 @@ def run(
         [], "--sink-arg", help="KEY=VALUE keyword argument for a module:factory sink."),
     inject: list[str] = typer.Option(
         [], "--inject",
-        help="Fault to inject: kill:rank=K:step=T, raise:rank=K:step=T, "
-             "warn:rank=K:step=T[:signal=CAUSE], drain:rank=K:step=T, killall:step=T."),
+        help="Fault to inject: kill:rank=K:step=T[:phase=P][:micro=M] (P: forward, "
+             "backward, reduce (default), optimizer, checkpoint; M: the micro-batch), "
+             "raise:rank=K:step=T, warn:rank=K:step=T[:signal=CAUSE], drain:rank=K:step=T, "
+             "killall:step=T."),
     signal_file: Path | None = typer.Option(
         None, "--signal-file", help="JSONL file of injected telemetry signals/readings."),
     signal_command: str | None = typer.Option(

@@ -33,6 +33,21 @@ def test_fault_specs_round_trip() -> None:
             parse_fault(bad)
 
 
+def test_kill_faults_name_the_phase_of_the_step() -> None:
+    f = parse_fault("kill:rank=1:step=4:phase=forward:micro=2")
+    assert (f.action, f.rank, f.step, f.phase, f.micro) == ("kill", 1, 4, "forward", 2)
+    assert parse_fault("kill:rank=0:step=3").phase == "reduce"  # as before phases existed
+    faults = [f, parse_fault("kill:rank=0:step=6:phase=checkpoint")]
+    assert decode_faults(encode_faults(faults)) == faults
+    for bad, why in (("kill:rank=1:step=4:phase=sideways", "phase must be one of"),
+                     ("raise:rank=1:step=4:phase=forward", "kill only"),
+                     ("kill:rank=1:step=4:phase=optimizer:micro=1", "forward and backward"),
+                     ("kill:rank=1:step=4:phase=forward:micro=-1", "micro must be"),
+                     ("kill:rank=1:step=4:micro=x", "bad number")):
+        with pytest.raises(FaultSpecError, match=why):
+            parse_fault(bad)
+
+
 def test_policy_turns_readings_into_signals() -> None:
     pol = WarningPolicy(corrected_ecc_delta=10)
     assert pol.evaluate([Reading(metric="ecc_corrected", value=5, gpu=0)]) == []
