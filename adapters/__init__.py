@@ -8,6 +8,7 @@ ledger's words and hands the records to an outbox. See docs/adapters.md.
 
 * :mod:`adapters.torchrun` -- torch.distributed.elastic (``torchrun``): a worker-group
   restart is a failure rolled back to the checkpoint the new group loads.
+* :mod:`adapters.torchft` -- TorchFT: a replica group lost and healed from a live peer.
 
 Imports point one way: this package uses ``yoco_records`` and the torch-free parts of
 ``runtime`` (records, outbox, sink) and nothing from ``ledger``, ``billing``, ``reports``,

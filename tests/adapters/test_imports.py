@@ -40,7 +40,7 @@ def test_adapters_import_only_the_record_rules_and_the_outbox() -> None:
 
 
 def test_importing_the_adapters_loads_no_torch_and_no_ledger() -> None:
-    code = ("import sys, adapters.torchrun, adapters.common\n"
+    code = ("import sys, adapters.torchrun, adapters.torchft, adapters.common\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             f"{FORBIDDEN!r})\n"
             "print(bad); sys.exit(1 if bad else 0)")
