@@ -214,3 +214,22 @@ def test_configuration_errors_name_the_setting(tmp_path) -> None:
     cfg = AdapterConfig.from_env({"YOCO_ADAPTER_DIR": str(tmp_path), "YOCO_CONTRACT_ID": "c",
                                   "TORCHELASTIC_RUN_ID": "r"}, default_job_id="r")
     assert cfg.job_id == "r" and cfg.sink is None
+
+
+def test_without_a_sink_records_wait_for_yoco_outbox(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from yoco.cli import build_app
+
+    cfg = AdapterConfig(contract_id="c1", job_id="j1", state_dir=tmp_path / "runs" / "j1")
+    rep = TorchrunReporter(cfg, _env(0, 0))
+    rep.resumed(0)
+    rep.step_done(1)
+    assert not rep.finished(1)  # nothing delivered: no sink
+    runner, app = CliRunner(), build_app()
+    listed = runner.invoke(app, ["outbox", "list", "j1", "--runs-root", str(tmp_path / "runs")])
+    assert listed.exit_code == 3 and "2 pending, 0 dead letter(s)" in listed.output
+    sent = runner.invoke(app, ["outbox", "deliver", "j1", "--runs-root",
+                               str(tmp_path / "runs"), "--sink", f"jsonl:{tmp_path / 'sink.jsonl'}"])
+    assert sent.exit_code == 0, sent.output
+    assert [r["kind"] for r in _stored(tmp_path)] == ["job_started", "job_finished"]
