@@ -15,7 +15,10 @@ Actions (``rank`` is the data-parallel rank, ``step`` the 0-based step index):
 * ``warn:rank=K:step=T[:signal=CAUSE]`` — a telemetry warning (default ``ecc_rising``)
   for worker K is injected through the signal file at step T;
 * ``drain:rank=K:step=T`` — a drain request for worker K is filed at step T;
-* ``killall:step=T`` — every worker SIGKILLs itself at the start of step T.
+* ``killall:step=T`` — every worker SIGKILLs itself at the start of step T;
+* ``linger:rank=K:step=T[:seconds=S]`` — worker K, its loop ended at step T (the job's
+  last), waits S seconds (default 3) before marking itself finished: a slow teardown on
+  a loaded host, so that its peers finish first (the end-of-job barrier's test).
 
 Each fault fires once per job, even though a replacement re-executes the same step.
 """
@@ -37,7 +40,7 @@ from runtime.errors import FaultSpecError
 if TYPE_CHECKING:  # parsing fault specs (yoco run) does not import torch
     import torch
 
-ACTIONS = ("kill", "raise", "warn", "drain", "killall")
+ACTIONS = ("kill", "raise", "warn", "drain", "killall", "linger")
 #: Where in a step a ``kill`` fires (see the module docstring).
 PHASES = ("forward", "backward", "reduce", "optimizer", "checkpoint")
 SIGNAL_CAUSES = ("ecc_rising", "ecc_uncorrectable", "row_remap_pending", "thermal", "xid")
@@ -53,6 +56,7 @@ class FaultSpec:
     signal: str = "ecc_rising"
     phase: str = "reduce"
     micro: int = 0
+    seconds: float = 3.0
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -64,6 +68,8 @@ class FaultSpec:
                 raise FaultSpecError("killall takes no rank")
         elif self.rank is None or self.rank < 0:
             raise FaultSpecError(f"{self.action} needs rank=K (K >= 0)")
+        if not 0 <= self.seconds <= 3600:
+            raise FaultSpecError("fault seconds must be in [0, 3600]")
         if self.signal not in SIGNAL_CAUSES:
             raise FaultSpecError(f"signal must be one of {SIGNAL_CAUSES}")
         if self.phase not in PHASES:
@@ -86,7 +92,7 @@ def parse_fault(text: str) -> FaultSpec:
     kv: dict[str, str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("rank", "step", "signal", "phase", "micro"):
+        if not sep or key not in ("rank", "step", "signal", "phase", "micro", "seconds"):
             raise FaultSpecError(f"bad fault field {part!r} in {text!r}")
         kv[key] = value
     if "step" not in kv:
@@ -95,7 +101,8 @@ def parse_fault(text: str) -> FaultSpec:
         return FaultSpec(action=action, step=int(kv["step"]),
                          rank=int(kv["rank"]) if "rank" in kv else None,
                          signal=kv.get("signal", "ecc_rising"),
-                         phase=kv.get("phase", "reduce"), micro=int(kv.get("micro", "0")))
+                         phase=kv.get("phase", "reduce"), micro=int(kv.get("micro", "0")),
+                         seconds=float(kv.get("seconds", 3.0)))
     except ValueError as exc:
         if isinstance(exc, FaultSpecError):
             raise
@@ -209,6 +216,13 @@ class FaultInjector:
                     and self._fire(fault):
                 return True
         return False
+
+    def at_loop_end(self, *, step: int, rank: int) -> None:
+        """Fire the faults that act when the training loop has ended (``linger``)."""
+        for fault in self.faults:
+            if fault.action == "linger" and fault.step == step and fault.rank == rank \
+                    and self._fire(fault):
+                time.sleep(fault.seconds)
 
     def _killall_armed(self, fault: FaultSpec, gen: int) -> bool:
         # The first rank to reach the step arms it for its generation; every rank of that

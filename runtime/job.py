@@ -58,6 +58,10 @@ class JobConfig:
     regroup_timeout_s: float = 120.0
     collective_timeout_s: float = 600.0
     state_buffers_per_param: int | None = None
+    # How long a member that has finished waits for its peers' finished marks before it
+    # leaves (the end-of-job barrier; a dead peer ends the wait earlier, see
+    # Membership.await_finished).
+    finish_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -66,7 +70,8 @@ class JobConfig:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
         if not 0 < self.poll_interval_s <= 1:
             raise ConfigError("poll_interval_s must be in (0, 1]")
-        if self.regroup_timeout_s <= 0 or self.collective_timeout_s <= 0:
+        if self.regroup_timeout_s <= 0 or self.collective_timeout_s <= 0 \
+                or self.finish_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
         if self.state_buffers_per_param is not None and self.state_buffers_per_param < 0:
             raise ConfigError("state_buffers_per_param must be >= 0")
@@ -95,7 +100,8 @@ class Job:
                                 poll_interval_s=cfg.poll_interval_s,
                                 regroup_timeout_s=cfg.regroup_timeout_s,
                                 collective_timeout_s=timeout,
-                                state_buffers_per_param=cfg.state_buffers_per_param)
+                                state_buffers_per_param=cfg.state_buffers_per_param,
+                                finish_timeout_s=cfg.finish_timeout_s)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -235,6 +241,7 @@ class Job:
             yield from self._standalone(total)
             return
         m = self._m
+        assert self._faults is not None
         self._join(0)
         while self.step < total:
             t0 = time.perf_counter()
@@ -252,9 +259,17 @@ class Job:
                 self._move_seen = False
                 self._join(self.gen + 1)
         self._complete_transfer()  # joined at the very end: nothing left to step
+        self._faults.at_loop_end(step=self.step, rank=self.rank)
+        m.mark(P.finished_key(self.slot), str(self.step))
+        # Nobody leaves while a peer may still be inside its last collective (see
+        # Membership.await_finished): every member waits for every member's mark.
+        missing = m.await_finished(m.plan(self.gen).members, self.config.finish_timeout_s)
+        if missing:
+            log.warning("%s leaves without the finished mark of %s (after %.0f s at most, "
+                        "or the membership changed)", self.slot, ", ".join(missing),
+                        self.config.finish_timeout_s)
         if self._ckpt is not None:
             self._ckpt.wait()
-        m.mark(P.finished_key(self.slot), str(self.step))
         if self.rank == 0:
             m.mark(P.KEY_DONE, str(self.step))
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from runtime import exitguard
 from runtime import protocol as P
 from runtime.errors import CollectiveError, GenerationChanged
 
@@ -88,6 +89,7 @@ class Membership:
                  poll_interval_s: float, regroup_timeout_s: float,
                  collective_timeout_s: float, current_step: Callable[[], int]) -> None:
         host, port = store_addr
+        exitguard.install()
         self.slot = slot
         self._current_step = current_step  # for fault reports
         self.store_addr = store_addr
@@ -215,14 +217,20 @@ class Membership:
             threaded = True
             # gloo send/recv have no future and report is_completed() only after wait():
             # block in wait() on a helper thread (it releases the GIL) and watch it.
+            # A wait of an abandoned generation can stay blocked for good: the exit guard
+            # (runtime.exitguard) keeps such a thread from aborting the process at exit.
             def blocker() -> None:
                 try:
                     work.wait()
                 except Exception as exc:  # surfaced below as a collective failure
                     error.append(exc)
+                finally:
+                    exitguard.untrack(threading.current_thread())
                 done.set()
 
-            threading.Thread(target=blocker, name="yoco-wait", daemon=True).start()
+            helper = threading.Thread(target=blocker, name="yoco-wait", daemon=True)
+            exitguard.track(helper)
+            helper.start()
         since = time.monotonic()
         while not done.wait(self.poll_interval_s):
             self.check_generation()
@@ -255,6 +263,39 @@ class Membership:
                 raise GenerationChanged(latest)
             self.beat(since)  # alive, waiting: not the rank to fence
             time.sleep(self.poll_interval_s * 5)
+
+    def await_finished(self, members: list[str], timeout_s: float) -> list[str]:
+        """Wait until every one of ``members`` has marked its training loop finished
+        (:func:`runtime.protocol.finished_key`); return those that have not.
+
+        The end-of-job barrier, through the store and not through gloo: a member that
+        exits tears down its sockets, and a peer still inside its last step's collective
+        then fails with gloo's "Connection closed by peer" (the job was called failed
+        although every step had been committed). Once every member has marked finished,
+        none has a collective in flight and leaving is safe. The wait is bounded: it ends
+        when a peer is gone (the supervisor saw it die after the last commit:
+        :func:`runtime.protocol.gone_key`), when a newer (non-move) generation is
+        published, when the job is shut down, or after ``timeout_s``. It beats
+        while it waits, so the hang watchdog blames a stuck peer, not this one.
+        """
+        pending = [s for s in members if s != self.slot]
+        since = time.monotonic()
+        while True:
+            if pending and self.store.check([P.finished_key(s) for s in pending]):
+                return []
+            # One store request while everyone is finishing; the per-slot look (which
+            # ones are still missing, or gone: died after the end) only when not.
+            pending = [s for s in pending if not self.store.check([P.finished_key(s)])
+                       and not self.store.check([P.gone_key(s)])]
+            if not pending or time.monotonic() - since > timeout_s \
+                    or self.store.check([P.KEY_SHUTDOWN]):
+                return pending
+            try:
+                self.check_generation()
+            except GenerationChanged:
+                return pending
+            self.beat(since)
+            time.sleep(0.02)
 
     def mark(self, key: str, value: str) -> None:
         """Set ``key`` in the supervisor's store."""

@@ -87,6 +87,13 @@ def finished_key(slot: str) -> str:
     return f"finished/{slot}"
 
 
+def gone_key(slot: str) -> str:
+    """Key the supervisor sets for a member that died after a peer had finished the job's
+    last step (nothing was lost; the peers waiting in the end-of-job barrier stop
+    waiting for its finished mark)."""
+    return f"gone/{slot}"
+
+
 def waiting_key(slot: str) -> str:
     """Key a process sets once it has built its model and waits to be called in."""
     return f"waiting/{slot}"

@@ -209,6 +209,7 @@ class Supervisor:
         self.spares: list[str] = []
         self.retired: set[str] = set()  # left on purpose, finished, or already handled
         self.moving: set[str] = set()  # drained/warned workers until they have left
+        self.gone: set[str] = set()  # died after the job's last step was committed
         # Failures and their recovery.
         self.state = JobState.RUNNING
         self.recovery = Recovery()
@@ -300,6 +301,7 @@ class Supervisor:
             "job_id": self.job_id, "state": state.value, "pid": os.getpid(), "gen": self.gen,
             "members": self.members, "spares": self.spares, "step": self.last_step,
             "contract_id": self.cfg.contract_id, "spares_configured": self.cfg.spares,
+            "store_port": self.store.port,
             "moves_pending": [{"worker": mv.slot, "class": mv.failure_class.value,
                                "cause": mv.cause, "since": mv.detected}
                               for mv in self.moves],
@@ -473,7 +475,8 @@ class Supervisor:
                 if not process_exiting(p.pid):
                     continue  # alive
                 if not (self.store.check([P.left_key(slot)])
-                        or self.store.check([P.finished_key(slot)])):
+                        or self.store.check([P.finished_key(slot)])
+                        or self._gone_after_the_end(slot)):
                     out.append((slot, None))  # killed or crashing: act now, classify later
                 continue  # an orderly exit is judged by its exit status once reaped
             finished = self.store.check([P.finished_key(slot)])
@@ -486,8 +489,26 @@ class Supervisor:
                 self.retired.add(slot)
                 self.moving.discard(slot)
                 continue
-            out.append((slot, rc))
+            if not self._gone_after_the_end(slot, rc):
+                out.append((slot, rc))
         return out
+
+    def _gone_after_the_end(self, slot: str, rc: int | None = None) -> bool:
+        """True (and ``slot`` retired) when a member died before its own finished mark
+        but after a peer of its generation had marked the job's last step finished: that
+        step was committed (the peer's allreduce had its gradient), nothing is lost and
+        nothing is left to recover, so it is not a failure of the job (a log line). Its
+        peers waiting in the end-of-job barrier are told not to wait for it."""
+        if slot not in self.members or not any(
+                self.store.check([P.finished_key(m)]) for m in self.members if m != slot):
+            return False
+        log.warning("%s died (exit %s) after the job's last step was committed: nothing "
+                    "to recover", slot, "unknown yet" if rc is None else rc)
+        self.store.set(P.gone_key(slot), "1")
+        self.gone.add(slot)
+        self.retired.add(slot)
+        self.moving.discard(slot)
+        return True
 
     def _handle_deaths(self) -> None:
         dead = self._dead_members()
@@ -897,7 +918,10 @@ class Supervisor:
             p = self.pool.procs[slot]
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(deadline - time.time(), 0.1))
-        bad = [s for s in self.members if self.pool.procs[s].returncode not in (0, None)]
+        # A member that died after the last commit lost nothing (see _gone_after_the_end);
+        # any other exit status but 0 (e.g. the script failing after its loop) is an error.
+        bad = [s for s in self.members if s not in self.gone
+               and self.pool.procs[s].returncode not in (0, None)]
         return self._result(0 if not bad else 1)
 
     def _result(self, code: int) -> JobResult:

@@ -25,10 +25,14 @@ from runtime.telemetry import (
 
 def test_fault_specs_round_trip() -> None:
     faults = [parse_fault("kill:rank=1:step=5"), parse_fault("killall:step=9"),
-              parse_fault("warn:rank=0:step=3:signal=thermal")]
+              parse_fault("warn:rank=0:step=3:signal=thermal"),
+              parse_fault("linger:rank=1:step=40:seconds=2.5")]
     assert decode_faults(encode_faults(faults)) == faults
+    assert faults[-1].seconds == 2.5 and parse_fault("linger:rank=0:step=3").seconds == 3.0
     for bad in ("kill:step=1", "boom:rank=1:step=1", "kill:rank=1", "killall:rank=1:step=2",
-                "warn:rank=1:step=2:signal=nope", "kill:rank=x:step=1"):
+                "warn:rank=1:step=2:signal=nope", "kill:rank=x:step=1",
+                "linger:rank=1:step=3:seconds=-1", "linger:rank=1:step=3:seconds=nan",
+                "linger:rank=1:step=3:seconds=x", "linger:step=3"):
         with pytest.raises(FaultSpecError):
             parse_fault(bad)
 
