@@ -21,10 +21,11 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,6 +335,38 @@ def iso(ts: float) -> str:
 def clip(text: str, limit: int = DETAIL_MAX) -> str:
     """``text`` cut to ``limit`` characters (with an ellipsis when cut)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+#: What a rank raises when a *peer* went away: a consequence of the failure, not its cause.
+_COMMUNICATION = re.compile(
+    r"gloo|nccl|connection (closed|reset|refused)|broken pipe|timed out|timeout|"
+    r"socket|peer|process group|heartbeat", re.IGNORECASE)
+
+
+def is_communication_error(note: Mapping[str, Any]) -> bool:
+    """Whether exit ``note`` records a collective or connection error (a rank that lost a
+    peer) rather than an exception of its own (the script's, or a device's)."""
+    name = str(note.get("exception", ""))
+    module = str(note.get("module", ""))
+    if name.startswith("Dist") or "distributed" in module:
+        return True  # torch.distributed's DistError, DistBackendError, DistNetworkError...
+    return bool(_COMMUNICATION.search(str(note.get("message", ""))))
+
+
+def failure_cause(silent: Sequence[int], notes: Sequence[Mapping[str, Any]]) -> str:
+    """The cause of a group's end from its exit notes (docs/adapters.md).
+
+    A rank that raised something other than a communication error started it (the
+    others then lost a peer, or were stopped by the launcher without a word):
+    ``process_crashed``. Otherwise a rank that ended without a note was killed (a
+    signal, the OOM killer, a lost node): ``process_killed``. Otherwise every rank lost a
+    peer and none died: ``collective_error``.
+    """
+    if any(not is_communication_error(n) for n in notes):
+        return "process_crashed"
+    if silent:
+        return "process_killed"
+    return "collective_error"
 
 
 def exception_note(exc: BaseException, **extra: Any) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from adapters.common import (
     StateDir,
     clip,
     exception_note,
+    failure_cause,
     iso,
     write_new,
 )
@@ -144,7 +145,7 @@ class TorchFTJob:
                  if att.started_at - 5.0 <= float(n["at"]) <= until]
         noted = {int(n["rank"]) for n in notes}
         silent = [r for r in range(att.group_world_size) if r not in noted]
-        cause = "process_killed" if silent else "process_crashed"
+        cause = failure_cause(silent, notes)
         held = att.progress.steps if att.progress is not None else None
         at = (float(notes[0]["at"]) if notes else
               att.progress.at if att.progress is not None else att.started_at)

@@ -11,9 +11,10 @@ that must be redone). When the agent gives up, the open failures get ``failed``
 
 Who reports: only global rank 0 of each worker group (one process at a time: torchrun has
 stopped the old group before it starts the new one). Every rank leaves an *exit note* when
-it ends by an exception (``with reporter:``); a rank of the failed group that left none
-ended without a word -- a signal (SIGKILL, the OOM killer) or a lost node -- which is the
-cause ``process_killed``; otherwise ``process_crashed`` with the exceptions in ``detail``.
+it ends by an exception (``with reporter:``). A rank that raised something other than a
+communication error started the failure: ``process_crashed``; else a rank that left no
+note ended without a word -- a signal (SIGKILL, the OOM killer) or a lost node --
+``process_killed``; else ``collective_error`` (:func:`adapters.common.failure_cause`).
 
 Use::
 
@@ -56,6 +57,7 @@ from adapters.common import (
     StateDir,
     clip,
     exception_note,
+    failure_cause,
     iso,
     write_new,
 )
@@ -137,10 +139,8 @@ class TorchJob:
             # The agent restarted the group without counting a failure: a membership
             # change (a node joined or left the rendezvous), by design of elastic training.
             failure_class, cause = "planned", "membership_change"
-        elif silent:
-            failure_class, cause = "unplanned", "process_killed"
         else:
-            failure_class, cause = "unplanned", "process_crashed"
+            failure_class, cause = "unplanned", failure_cause(silent, notes)
         if notes:
             at = float(notes[0]["at"])  # the first rank that saw it going down
         elif att.progress is not None:

@@ -233,3 +233,24 @@ def test_without_a_sink_records_wait_for_yoco_outbox(tmp_path) -> None:
                                str(tmp_path / "runs"), "--sink", f"jsonl:{tmp_path / 'sink.jsonl'}"])
     assert sent.exit_code == 0, sent.output
     assert [r["kind"] for r in _stored(tmp_path)] == ["job_started", "job_finished"]
+
+
+@pytest.mark.parametrize(("raised", "cause"), [
+    # Rank 0's own exception started it; rank 1 was stopped by the agent without a word.
+    ({0: ValueError("loss is NaN")}, "process_crashed"),
+    # Rank 1 vanished; rank 0 only lost its peer.
+    ({0: RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")},
+     "process_killed"),
+    # Every rank lost a peer and none died (a network fault between them).
+    ({0: RuntimeError("Connection reset by peer"), 1: RuntimeError("NCCL watchdog timeout")},
+     "collective_error"),
+])
+def test_the_cause_is_the_first_thing_that_went_wrong(tmp_path, raised, cause) -> None:
+    reps = [TorchrunReporter(_config(tmp_path), _env(r, 0)) for r in (0, 1)]
+    reps[0].resumed(0)
+    for rank, exc in raised.items():
+        with pytest.raises(type(exc)), reps[rank]:
+            raise exc
+    reps[0].close(0)
+    _attempt(tmp_path, 1, 0, 1, finish=True)
+    assert _by_kind(_stored(tmp_path))["failure"][0]["cause"] == cause
