@@ -398,7 +398,7 @@ def run_demo(
     from ledger.services import inclusion_bundle
     from ledger.verify import verify_all
     from reports import monthly as rm
-    from yoco.database import redact, unit_of_work
+    from yoco.database import migrate, redact, unit_of_work
     from yoco.render import print_table
 
     if not 1 <= contracts <= len(SAMPLE_CONTRACTS):
@@ -412,8 +412,9 @@ def run_demo(
     _step(console, 1, "REAL", "the database")
     where = "embedded PostgreSQL" if ctx.database.embedded else "DATABASE_URL"
     console.print(f"{redact(ctx.database.url)} ({where})", highlight=False, soft_wrap=True)
-    migrations.upgrade(ctx.database.url)
-    console.print(f"schema migrated to {migrations.current(ctx.database.url)}")
+    # As the owner, like `yoco db upgrade`: the CLI's login may not create tables.
+    migrate(ctx.database.owner_url)
+    console.print(f"schema migrated to {migrations.current(ctx.database.owner_url)}")
 
     _step(console, 2, "SAMPLE", "contracts of made-up customers")
     chosen = SAMPLE_CONTRACTS[:contracts]
