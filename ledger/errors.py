@@ -14,6 +14,7 @@ __all__ = [
     "MissingNodeError",
     "NoteError",
     "ProofError",
+    "SuperuserLogin",
     "TreeSizeError",
 ]
 
@@ -37,14 +38,23 @@ class IngestRefused(LedgerError):
     """A batch was refused: nothing from it was written.
 
     ``errors`` holds one entry per refused record, each naming its line (or
-    index) and field.
+    index) and field; ``count`` is how many there were in all (a wholly wrong file keeps
+    only the first ones in ``errors``, see :data:`ledger.stream.MAX_ERRORS`).
     """
 
-    def __init__(self, errors: list, what: str = "batch") -> None:
+    def __init__(self, errors: list, what: str = "batch", *, count: int | None = None) -> None:
         self.errors = list(errors)
+        self.what = what
+        self.count = max(len(self.errors), count or 0)
         first = "; ".join(str(e) for e in self.errors[:3])
-        more = f" (and {len(self.errors) - 3} more)" if len(self.errors) > 3 else ""
+        more = f" (and {self.count - 3} more)" if self.count > 3 else ""
         super().__init__(f"{what} refused, nothing written: {first}{more}")
+
+
+class SuperuserLogin(RuntimeError):
+    """A process of the application would log in as a superuser (DESIGN section 5: no
+    process does). Not a :class:`LedgerError`: the caller's input is fine, the
+    deployment is not."""
 
 
 class UnknownEntry(LedgerError):

@@ -1,6 +1,8 @@
 """The FastAPI application factory: pages, the JSON API and its OpenAPI schema.
 
-``create_app()`` builds everything on call; importing this module creates nothing.
+``create_app(host)`` builds everything on call; importing this module creates nothing.
+The host (:class:`web.portal.Host`) comes from the composition root, which ``web`` does
+not import: ``yoco.webapp.portal_app()`` passes its ``App``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from web.errors import LoginRequired, NotFound, RateLimited, WebError
-from web.portal import Portal
+from web.portal import Host, Portal
 from web.settings import WebSettings
-from yoco.app import App
 
 log = logging.getLogger("yoco.web")
 HERE = Path(__file__).resolve().parent
@@ -184,7 +185,7 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    ctx: App | None = None,
+    host: Host,
     settings: WebSettings | None = None,
     *,
     hasher: PasswordHasher | None = None,
@@ -192,13 +193,13 @@ def create_app(
 ) -> FastAPI:
     """Build the portal: pages, ``/api/v1`` with its OpenAPI schema, static files.
 
-    ``ctx`` is the composition root (default: a new :class:`App` from the environment);
+    ``host`` is what the composition root gives the portal (``yoco.app.App`` is one);
     engines and keys are created on first use, and released at shutdown.
     """
     from web.deps import refuse_nul
     from web.routers import ROUTERS
 
-    portal = Portal(ctx or App(), settings or WebSettings(), hasher=hasher, clock=clock)
+    portal = Portal(host, settings or WebSettings(), hasher=hasher, clock=clock)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -241,8 +242,3 @@ def create_app(
     app.add_middleware(SecurityHeaders)
 
     return app
-
-
-def app_from_environment() -> FastAPI:
-    """The portal built from the environment alone (``yoco serve --workers N``'s factory)."""
-    return create_app()

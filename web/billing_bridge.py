@@ -212,14 +212,15 @@ def decide_dispute(
 
 
 def close_year(
-    session: Session, *, contract_id: str, year: int, ctx: Any, now: datetime
+    session: Session, *, contract_id: str, year: int, host: Any, now: datetime
 ) -> Any:
-    """Close (or adjust) a contract year and sign the log's new head."""
+    """Close (or adjust) a contract year and sign the log's new head (with the signer of
+    ``host``, a :class:`web.portal.Host`)."""
     from billing.closing import close_year as _close
 
     return _close(
-        session, contract_id, year, now=now, signer=ctx.signer,
-        origin_prefix=ctx.settings.log_origin,
+        session, contract_id, year, now=now, signer=host.signer,
+        origin_prefix=host.settings.log_origin,
     )
 
 

@@ -11,40 +11,40 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from ledger.sessions import APP_ROLE, PORTAL_ROLE, login_engine, unit_of_work
 from web.accounts import Principal
 
-PORTAL_ROLE = "yoco_portal"
+
+def _refusal(user: str) -> str:
+    return (
+        f"the portal refuses to log in as {user!r}, a superuser: set "
+        "YOCO_PORTAL_DATABASE_URL to the login role yoco_web (see README)"
+    )
 
 
 def portal_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine whose every connection has switched to the ``yoco_portal`` role."""
+    """An engine whose every connection has switched to the ``yoco_portal`` role.
+
+    A superuser login is refused (:class:`ledger.errors.SuperuserLogin`).
+    """
     kwargs.setdefault("pool_recycle", 1800)
-    engine = create_engine(url, **kwargs)
+    return login_engine(url, role=PORTAL_ROLE, refusal=_refusal, **kwargs)
 
-    @event.listens_for(engine, "connect")
-    def _set_role(dbapi_conn: Any, _record: Any) -> None:
-        with dbapi_conn.cursor() as cur:
-            cur.execute(f"SET ROLE {PORTAL_ROLE}")
-            cur.execute("SELECT session_user, rolsuper FROM pg_roles WHERE rolname = session_user")
-            user, superuser = cur.fetchone()
-        dbapi_conn.commit()
-        if superuser:
-            dbapi_conn.close()
-            from yoco.database import SuperuserLogin
 
-            raise SuperuserLogin(
-                f"the portal refuses to log in as {user!r}, a superuser: set "
-                "YOCO_PORTAL_DATABASE_URL to the login role yoco_web (see README)"
-            )
+def app_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine whose every connection has switched to the ``yoco_app`` role (writes).
 
-    return engine
+    A superuser login is refused (:class:`ledger.errors.SuperuserLogin`).
+    """
+    kwargs.setdefault("pool_pre_ping", True)
+    return login_engine(url, role=APP_ROLE, refusal=_refusal, **kwargs)
 
 
 def scope_settings(principal: Principal) -> tuple[str, str]:
@@ -91,18 +91,10 @@ class PortalDb:
             session.rollback()
             session.close()
 
-    @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A unit of work as the application role: committed on success, else rolled back."""
-        session = self._write()
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
+    def write(self) -> AbstractContextManager[Session]:
+        """A unit of work as the application role: committed on success, else rolled back
+        (:func:`ledger.sessions.unit_of_work`, the one place that commits)."""
+        return unit_of_work(self._write)
 
     def visible_size(self, principal: Principal, contract_id: str) -> int | None:
         """The contract's log size if ``principal`` may see the contract, else None.

@@ -1,30 +1,96 @@
-"""The portal's context: the composition root's :class:`~yoco.app.App`, engines, secrets.
+"""The portal's context: its :class:`Host` (given by the composition root), engines, secrets.
 
 One :class:`Portal` per FastAPI application, built by :func:`web.app.create_app` and
 kept in ``app.state.portal``; its engines are created on first use.
+
+``web`` never imports the composition root (``yoco``): imports point one way,
+``yoco → web → reports → billing → ledger``. What the portal needs of the deployment
+(where its data lives, its database login, the checkpoint signer, the projectors wired
+into ingest) comes in as a :class:`Host`; ``yoco.app.App`` is one
+(``yoco.webapp.portal_app`` passes it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from argon2 import PasswordHasher
 from fastapi.templating import Jinja2Templates
 
+from web import filters
 from web.accounts import Principal
-from web.db import PortalDb, portal_engine
+from web.db import PortalDb, app_engine, portal_engine
 from web.pagecache import PageCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
 from web.views import ViewCache
-from yoco.app import App
+
+if TYPE_CHECKING:
+    from ledger.note import Signer
+    from ledger.projections import Projector
 
 HERE = Path(__file__).resolve().parent
+
+
+class HostSettings(Protocol):
+    """The deployment's settings the portal reads."""
+
+    @property
+    def data_dir(self) -> Path:
+        """Where keys live (the cookie secret is kept under ``keys/``)."""
+        ...
+
+    @property
+    def log_origin(self) -> str:
+        """The origin line of signed checkpoints (prefix of each log's origin)."""
+        ...
+
+
+class HostDatabase(Protocol):
+    """The database the portal logs in to."""
+
+    @property
+    def portal_url(self) -> str:
+        """The portal's own login (``yoco_web``, never a superuser)."""
+        ...
+
+
+class Host(Protocol):
+    """What the portal takes from the composition root, by parameter.
+
+    ``yoco.app.App`` is one. ``database`` may start a server on first use, so the
+    portal reads it only when it first needs an engine.
+    """
+
+    @property
+    def settings(self) -> HostSettings:
+        """The deployment's settings."""
+        ...
+
+    @property
+    def database(self) -> HostDatabase:
+        """The database in use."""
+        ...
+
+    @property
+    def signer(self) -> Signer:
+        """The checkpoint signer (operators sign tree heads from the portal)."""
+        ...
+
+    @property
+    def projectors(self) -> Sequence[Projector]:
+        """Projectors of packages above the ledger, wired into ingest."""
+        ...
+
+    def close(self) -> None:
+        """Release what the host holds (called when the portal shuts down)."""
+        ...
 
 
 class SessionCache:
@@ -63,13 +129,13 @@ class Portal:
 
     def __init__(
         self,
-        ctx: App,
+        host: Host,
         settings: WebSettings,
         *,
         hasher: PasswordHasher | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self.ctx = ctx
+        self.host = host
         self.settings = settings
         self.hasher = hasher or password_hasher()
         self.views = ViewCache(settings.figures_ttl_seconds)
@@ -85,7 +151,7 @@ class Portal:
     @cached_property
     def secret(self) -> bytes:
         """The cookie and CSRF secret."""
-        return resolve_secret(self.settings, self.ctx.settings.data_dir)
+        return resolve_secret(self.settings, self.host.settings.data_dir)
 
     @cached_property
     def signer(self) -> CookieSigner:
@@ -95,14 +161,12 @@ class Portal:
     @cached_property
     def db(self) -> PortalDb:
         """The portal role's and the application role's engines."""
-        from yoco.database import make_engine
-
         with self._lock:
             # The portal's own login (yoco_web, no superuser): writes as yoco_app, tenant
             # reads as yoco_portal.
-            url = self.ctx.database.portal_url
+            url = self.host.database.portal_url
             return PortalDb(
-                make_engine(url),
+                app_engine(url),
                 portal_engine(
                     url, pool_size=self.settings.pool_size, max_overflow=self.settings.max_overflow
                 ),
@@ -113,8 +177,6 @@ class Portal:
         """The page templates (``web/templates``)."""
         from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-        from web import render
-
         # auto_reload off: no stat() of every template file on every render
         env = Environment(
             loader=FileSystemLoader(str(HERE / "templates")),
@@ -122,16 +184,21 @@ class Portal:
             auto_reload=False,
         )
         templates = Jinja2Templates(env=env)
-        render.install(templates.env)
+        filters.install(templates.env)
         return templates
 
     @cached_property
     def verifier_key(self) -> str:
         """The checkpoint signer's verifier key (C2SP note verifier key)."""
-        return self.ctx.signer.verifier_text()
+        return self.host.signer.verifier_text()
+
+    @property
+    def projectors(self) -> Sequence[Projector]:
+        """The host's projectors, wired into ingest (``POST /api/v1/records``)."""
+        return self.host.projectors
 
     def close(self) -> None:
         """Release connections."""
         if "db" in self.__dict__:
             self.db.dispose()
-        self.ctx.close()
+        self.host.close()

@@ -1,104 +1,18 @@
-"""Page rendering: template filters, the CSRF-aware page response, the inline SVG chart."""
+"""Page rendering: the CSRF-aware page response and fragments, on the portal's templates.
+
+The filters and the chart those templates use are :mod:`web.filters`.
+"""
 
 from __future__ import annotations
 
-import re
 import secrets
-from collections.abc import Sequence
-from datetime import datetime
-from decimal import Decimal
-from fractions import Fraction
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
-from jinja2 import Environment
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
-from billing.money import format_money
-from billing.verdict import format_number, format_percent, format_rate, format_seconds
-from web.views import MonthFigures, month_verdict
-
-
-def _exact(value: Decimal | float | int | None) -> Decimal | int | None:
-    # A float reaching a page is an estimate (a forecast's probability), never a figure:
-    # written through its shortest decimal text, then formatted like everything else.
-    return Decimal(repr(value)) if isinstance(value, float) else value
-
-
-def pct(value: Decimal | float | None, places: int = 2) -> str:
-    """A share (0.934) as a percentage ("93.40 %"); "—" for None (billing's formatter)."""
-    return format_percent(_exact(value), places)
-
-
-def num(value: Decimal | float | int | None, places: int = 0) -> str:
-    """A number with thousands separators and ``places`` decimals; "—" for None."""
-    return format_number(_exact(value), places)
-
-
-def gpu_hours(seconds: Decimal | int | None) -> str:
-    """GPU-seconds as GPU-hours: two decimals, four under 0.1 (a resolved failure's few
-    GPU-seconds of recovery read ``0.0056``, not ``0.01``), ``< 0.0001`` below that."""
-    if seconds is None:
-        return "—"
-    hours = Fraction(seconds) / 3600
-    if 0 < hours < Fraction(1, 20000):
-        return "< 0.0001"
-    return format_number(hours, 4 if 0 < hours < Fraction(1, 10) else 2)
-
-
-def secs(value: Decimal | int | None) -> str:
-    """A duration in seconds, to the millisecond at most: ``0.331 s``, ``2.5 s``."""
-    return format_seconds(value)
-
-
-def money(amount: Decimal | str | int | None, currency: str, minor: bool = False) -> str:
-    """An amount with separators and its currency: ``1,050,000.00 EUR``; "—" for None."""
-    if amount is None or amount == "":
-        return "—"
-    if isinstance(amount, str):
-        amount = Decimal(amount)
-    return format_money(amount, currency, minor=minor)
-
-
-def when(value: datetime | None, tz: str = "UTC", seconds: bool = False) -> str:
-    """A time in the zone ``tz``: ``2026-03-02 07:00 EST``."""
-    if value is None:
-        return "—"
-    local = value.astimezone(ZoneInfo(tz))
-    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
-
-
-def day(value: datetime | None, tz: str = "UTC") -> str:
-    """The local date of an instant in ``tz``."""
-    if value is None:
-        return "—"
-    return value.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d")
-
-
-def label(value: str | None) -> str:
-    """A code (``rolled_back``) as words (``rolled back``)."""
-    return (value or "").replace("_", " ")
-
-
-_CODE_SPAN = re.compile(r"``?([^`]+?)``?")
-
-
-def codespans(text: str | None) -> Markup:
-    """Plain text with Markdown/reST code spans (```x``` or ````x````) shown as ``<code>``."""
-    escaped = str(escape(text or ""))
-    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", escaped))  # noqa: S704 (escaped first)
-
-
-def install(env: Environment) -> None:
-    """Register the portal's filters on a Jinja environment."""
-    env.filters.update(
-        pct=pct, num=num, when=when, day=day, label=label, gpu_hours=gpu_hours, secs=secs,
-        money=money, codespans=codespans,
-    )
-    env.globals["monthly_chart"] = monthly_chart
-    env.globals["month_verdict"] = month_verdict
+from web.deps import ANON_COOKIE, caller, csrf_binding, get_portal
 
 
 def secure_cookies(request: Request, mode: str) -> bool:
@@ -117,8 +31,6 @@ def page(
     status_code: int = 200,
 ) -> HTMLResponse:
     """Render template ``name`` with the caller, a CSRF token and ``context``."""
-    from web.deps import ANON_COOKIE, caller, csrf_binding, get_portal
-
     portal = get_portal(request)
     try:
         who = caller(request, portal)
@@ -155,111 +67,5 @@ def fragment(request: Request, name: str, context: dict[str, Any]) -> Markup:
     What :class:`web.pagecache.PageCache` keeps: such a fragment must depend only on
     what its cache key names, never on who is logged in.
     """
-    from web.deps import get_portal
-
     html = get_portal(request).templates.get_template(name).render(context)
     return Markup(html)  # noqa: S704 (rendered by the autoescaping environment)
-
-
-# --------------------------------------------------------------------------- chart
-
-_W, _H = 720, 260
-_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 18, 28
-
-
-def _axis_floor(values: Sequence[float], threshold: float) -> float:
-    low = min([*values, threshold])
-    return max(0.0, (int(low) // 10) * 10 - 10 if low < 100 else 80.0)
-
-
-def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
-    """An inline SVG bar chart: resolution rate by month against the threshold line.
-
-    Bars are green where the month's rate meets the threshold and red where it does not
-    (the guarantee's exact test), each labelled with the rate as billing writes it, so a
-    label never reads as meeting the threshold on a red bar; months without covered
-    failures show a grey dot, months to come are left empty.  The legend is HTML under
-    the chart, so it wraps on a phone instead of shrinking with the drawing.
-    """
-    thr = float(threshold)  # drawing coordinates only: no figure is computed from them
-    rates = [
-        100.0 * m.figures.resolved_failures / m.figures.covered_failures
-        for m in months
-        if m.figures is not None and m.figures.covered_failures
-    ]
-    lo = _axis_floor(rates, thr)
-    plot_w = _W - _LEFT - _RIGHT
-    plot_h = _H - _TOP - _BOTTOM
-    n = max(1, len(months))
-    slot = plot_w / n
-    bar = slot * 0.62
-
-    def y(v: float) -> float:
-        return _TOP + plot_h * (1 - (v - lo) / (100 - lo))
-
-    thr_text = escape(format(threshold, "f"))
-    parts = [
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
-        f'aria-labelledby="chart-title" xmlns="http://www.w3.org/2000/svg">',
-        '<title id="chart-title">Resolution rate by month against the guaranteed '
-        f"{thr_text} %</title>",
-    ]
-    step = 10 if 100 - lo > 30 else 5
-    for tick in range(int(lo), 101, step):
-        ty = y(tick)
-        parts.append(
-            f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" '
-            'class="grid"/>'
-        )
-        if abs(tick - thr) >= step / 2.5:  # the threshold's own label takes this place
-            # on a phone only 0 % and 50 % stay (with the threshold's own label)
-            minor = "" if tick in (0, 50) else " minor"
-            parts.append(
-                f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick y{minor}" '
-                f'text-anchor="end">{tick}%</text>'
-            )
-    for i, m in enumerate(months):
-        cx = _LEFT + slot * i + slot / 2
-        odd = " odd" if i % 2 else ""
-        parts.append(
-            f'<text x="{cx:.1f}" y="{_H - _BOTTOM + 18}" class="tick month{odd}" '
-            f'text-anchor="middle">{escape(m.label[2:])}</text>'
-        )
-        f = m.figures
-        if f is None:
-            continue
-        if not f.covered_failures:
-            parts.append(
-                f'<circle cx="{cx:.1f}" cy="{_TOP + plot_h - 6:.1f}" r="5" class="none">'
-                f"<title>{escape(m.label)}: no covered failures</title></circle>"
-            )
-            continue
-        rate = 100.0 * f.resolved_failures / f.covered_failures
-        shown = format_rate(f.resolved_failures, f.covered_failures, threshold)
-        top = y(max(rate, lo))
-        cls = "ok" if f.guarantee_met else "miss"
-        parts.append(
-            f'<rect x="{cx - bar / 2:.1f}" y="{top:.1f}" width="{bar:.1f}" '
-            f'height="{max(1.0, _TOP + plot_h - top):.1f}" class="bar {cls}">'
-            f"<title>{escape(m.label)}: {f.resolved_failures:,} of {f.covered_failures:,} "
-            f"covered failures resolved ({escape(shown)})</title></rect>"
-        )
-        parts.append(
-            f'<text x="{cx:.1f}" y="{top - 4:.1f}" class="val" text-anchor="middle">'
-            f"{escape(shown.removesuffix(' %'))}</text>"
-        )
-    ty = y(thr)
-    parts.append(
-        f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" class="threshold"/>'
-        f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="threshold-label" text-anchor="end">'
-        f"{thr_text}%</text>"
-    )
-    parts.append("</svg>")
-    parts.append(
-        '<p class="chart-legend small"><span class="key ok" aria-hidden="true"></span> at or '
-        'above the guarantee <span class="key miss" aria-hidden="true"></span> below it '
-        '<span class="key dot" aria-hidden="true"></span> no covered failure '
-        f'<span class="key dash" aria-hidden="true"></span> guaranteed {thr_text} %. '
-        "Bars: share of the month's covered failures resolved by live migration.</p>"
-    )
-    return Markup("".join(parts))  # noqa: S704 (every value above is escaped or numeric)

@@ -67,7 +67,7 @@ def parse_now(value: str | None) -> datetime | None:
 @contextmanager
 def application(*, schema: bool = True) -> Iterator[App]:
     """The composition root for one command; turns domain errors into exit codes."""
-    from ledger.errors import LedgerError, VerificationFailed
+    from ledger.errors import LedgerError, SuperuserLogin, VerificationFailed
     from yoco.database import DatabaseStartError
 
     ctx = App()
@@ -77,7 +77,7 @@ def application(*, schema: bool = True) -> Iterator[App]:
         yield ctx
     except VerificationFailed as exc:
         fail(str(exc), 1)
-    except (LedgerError, SchemaNotReady, DatabaseStartError, ValueError) as exc:
+    except (LedgerError, SchemaNotReady, DatabaseStartError, SuperuserLogin, ValueError) as exc:
         fail(str(exc))
     finally:
         ctx.close()

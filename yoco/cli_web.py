@@ -117,9 +117,9 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
     import uvicorn
 
     if workers == 1:
-        from web.app import create_app
+        from yoco.webapp import portal_app
 
-        uvicorn.run(create_app(ctx), **options)
+        uvicorn.run(portal_app(ctx), **options)
         return
     # Worker processes build their own app from the environment: point them at the
     # database this process has started (the embedded server lives as long as we do)
@@ -134,7 +134,7 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
         from web.settings import WebSettings, resolve_secret
 
         resolve_secret(WebSettings(), ctx.settings.data_dir)  # created once, here
-    uvicorn.run("web.app:app_from_environment", factory=True, workers=workers, **options)
+    uvicorn.run("yoco.webapp:app_from_environment", factory=True, workers=workers, **options)
 
 
 def _password(from_stdin: bool) -> str:

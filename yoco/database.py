@@ -14,17 +14,21 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.orm import Session, sessionmaker
 
+from ledger.sessions import APP_ROLE, PORTAL_ROLE, login_engine
+
+# The one unit of work and the one superuser refusal live in the ledger (the bottom of
+# the import graph, so the portal and the runtime's sink use them too); the CLI and the
+# demo take them from here, the composition root.
+from ledger.sessions import SuperuserLogin as SuperuserLogin
+from ledger.sessions import unit_of_work as unit_of_work
 from yoco.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -35,11 +39,10 @@ log = logging.getLogger(__name__)
 DATABASE_NAME = "yoco"
 #: Owns the schema, runs the migrations, and is the rebuild path (never a superuser).
 OWNER_ROLE = "yoco_owner"
-#: The writers' privileges (no login): INSERT/SELECT on the journal and projections,
-#: state columns of four projections under a guard; BYPASSRLS (see :data:`ROLES_SQL`).
-APP_ROLE = "yoco_app"
-#: The portal's tenant reads (no login): SELECT only, under row-level security.
-PORTAL_ROLE = "yoco_portal"
+# APP_ROLE (the writers' privileges, no login: INSERT/SELECT on the journal and
+# projections, state columns of four projections under a guard; BYPASSRLS, see
+# ROLES_SQL) and PORTAL_ROLE (the portal's tenant reads, no login: SELECT only, under
+# row-level security) live in ledger.sessions with the one login check.
 #: The login role of each kind of process: none is a superuser; each switches to
 #: ``yoco_app`` (and the portal's reads to ``yoco_portal``) with SET ROLE.
 CLI_LOGIN = "yoco_cli"
@@ -233,42 +236,35 @@ class Database:
         return make_engine(self.owner_url, app_role=False, **kwargs)
 
 
-class SuperuserLogin(DatabaseStartError):
-    """A process of the application would log in as a superuser."""
-
-
 def make_engine(
     url: str, *, app_role: bool = True, allow_superuser: bool = False, **kwargs: Any
 ) -> Engine:
     """Return an engine on ``url``; with ``app_role`` every connection runs as ``yoco_app``.
 
     Every new connection checks that its login (``session_user``) is not a superuser
-    and refuses it otherwise (:class:`SuperuserLogin`): the application never runs
-    with the power to edit the ledger unnoticed.  Only administration (``yoco db
-    upgrade`` with an administrator's URL) passes ``allow_superuser``.
+    and refuses it otherwise (:class:`SuperuserLogin`, from
+    :func:`ledger.sessions.login_engine`): the application never runs with the power to
+    edit the ledger unnoticed.  Only administration (``yoco db upgrade`` with an
+    administrator's URL) passes ``allow_superuser``.
     """
     kwargs.setdefault("pool_pre_ping", True)
-    engine = create_engine(url, **kwargs)
+    return login_engine(
+        url,
+        role=APP_ROLE if app_role else None,
+        refusal=_refusal,
+        allow_superuser=allow_superuser,
+        **kwargs,
+    )
 
-    @event.listens_for(engine, "connect")
-    def _login(dbapi_conn: Any, _record: Any) -> None:
-        with dbapi_conn.cursor() as cur:
-            if app_role:
-                cur.execute(f"SET ROLE {APP_ROLE}")
-            cur.execute("SELECT session_user, rolsuper FROM pg_roles WHERE rolname = session_user")
-            user, superuser = cur.fetchone()
-        dbapi_conn.commit()
-        if superuser and not allow_superuser:
-            dbapi_conn.close()
-            raise SuperuserLogin(
-                f"refusing to log in as {user!r}, a superuser: yoco's processes use login "
-                "roles without superuser (see README, Configuration). Run `yoco db upgrade` "
-                "once as an administrator to create them, then point DATABASE_URL at "
-                f"{CLI_LOGIN!r} (YOCO_PORTAL_DATABASE_URL at {PORTAL_LOGIN!r}, "
-                f"YOCO_SINK_DATABASE_URL at {SINK_LOGIN!r})"
-            )
 
-    return engine
+def _refusal(user: str) -> str:
+    return (
+        f"refusing to log in as {user!r}, a superuser: yoco's processes use login "
+        "roles without superuser (see README, Configuration). Run `yoco db upgrade` "
+        "once as an administrator to create them, then point DATABASE_URL at "
+        f"{CLI_LOGIN!r} (YOCO_PORTAL_DATABASE_URL at {PORTAL_LOGIN!r}, "
+        f"YOCO_SINK_DATABASE_URL at {SINK_LOGIN!r})"
+    )
 
 
 def _drop_stale_handles(pgdata: Path) -> list[int]:
@@ -407,21 +403,3 @@ def redact(url: str) -> str:
     """``url`` with any password hidden, for printing."""
     parsed: URL = make_url(url)
     return parsed.render_as_string(hide_password=True)
-
-
-@contextmanager
-def unit_of_work(engine: Engine) -> Iterator[Session]:
-    """A session whose work is committed on success and rolled back on any error.
-
-    Services take a session and never commit; this is the one place that does.
-    """
-    factory = sessionmaker(bind=engine, expire_on_commit=False)
-    session = factory()
-    try:
-        yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()

@@ -47,9 +47,9 @@ def test_users_and_tokens_from_the_command_line(yoco_env, tmp_path) -> None:
 
     from fastapi.testclient import TestClient
 
-    from web.app import create_app
+    from yoco.webapp import portal_app
 
-    with TestClient(create_app()) as c:
+    with TestClient(portal_app()) as c:
         rec = fx.rec("job_started", "C-9", fx.T0, job_id="j", gpus=8)
         r = c.post("/api/v1/records", json=[rec], headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and r.json()["appended"] == 1

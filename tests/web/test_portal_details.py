@@ -86,7 +86,7 @@ def test_chart_labels_agree_with_their_colour() -> None:
     from decimal import Decimal
     from types import SimpleNamespace
 
-    from web.render import monthly_chart
+    from web.filters import monthly_chart
     from web.views import MonthFigures
 
     def month(label: str, resolved: int, covered: int, threshold: int) -> MonthFigures:

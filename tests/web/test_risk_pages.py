@@ -51,7 +51,7 @@ def test_risk_view_is_for_operators_only(client_for) -> None:
 
 def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, seeded) -> None:
     from billing.forecast import forecast_contract_year
-    from web.render import pct
+    from web.filters import pct
 
     ctx, _ = seeded
     html = client_for("a").get("/contracts/C-A").text

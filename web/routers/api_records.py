@@ -159,7 +159,7 @@ def _ingest(objs: list[Any], allowed: frozenset[str], portal: Any) -> Any:
     located = _locator(records)
     try:
         with portal.db.write() as session:
-            result = ingest(session, records, located, portal.ctx.projectors)
+            result = ingest(session, records, located, portal.projectors)
     except IngestRefused as exc:
         return _refused(422, f"{len(exc.errors)} error(s); nothing written", exc.errors)
     return IngestOut(

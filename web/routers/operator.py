@@ -56,7 +56,7 @@ def sign_checkpoints(user: OperatorDep, portal: PortalDep, _csrf: CsrfDep) -> Re
     from ledger.checkpoints import sign_all
 
     with portal.db.write() as db:
-        heads = sign_all(db, portal.ctx.signer, portal.ctx.settings.log_origin)
+        heads = sign_all(db, portal.host.signer, portal.host.settings.log_origin)
     signed = sum(1 for h in heads if h.created)
     return RedirectResponse(f"/operator?signed={signed}", status_code=303)
 
@@ -195,6 +195,6 @@ def close_year(
         services.contract_for(db, user, contract_id)
     with portal.db.write() as db:
         billing_bridge.close_year(
-            db, contract_id=contract_id, year=year, ctx=portal.ctx, now=portal.now()
+            db, contract_id=contract_id, year=year, host=portal.host, now=portal.now()
         )
     return RedirectResponse("/operator/years", status_code=303)
