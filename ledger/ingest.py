@@ -10,6 +10,11 @@ start and finish in order. The batch is appended in causal order
 Any refusal raises :class:`~ledger.errors.IngestRefused` listing every bad
 record by line (or index) and field, and the caller's unit of work rolls the
 whole batch back.
+
+:func:`ingest_batch` is the one validate → ingest → commit path: ``yoco ledger
+ingest`` (a :class:`FileBatch`), ``POST /api/v1/records``, the runtime's ledger sink and
+the demo (a :class:`RecordBatch`) all call it, so a record is refused with the same
+words whichever way it came (``tests/ledger/test_one_path_db.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -27,8 +36,8 @@ from ledger import journal, projections
 from ledger.errors import IngestRefused
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract, JournalEntry
-from ledger.records import OrderKey, Record, RecordError, causal_order, order_key
-from ledger.stream import FileIndex, read_records
+from ledger.records import OrderKey, Record, RecordError, causal_order, order_key, validate_batch
+from ledger.stream import FileIndex, index_file, read_records
 
 
 @dataclass(slots=True)
@@ -122,6 +131,134 @@ def ingest_file(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """Records as parsed JSON objects, located by their index in ``objs``.
+
+    The API's posted array, the runtime's outbox batch, the demo's simulated stream.
+    ``what`` names the batch in the refusal's message; ``now`` is the clock records are
+    checked against (default: the time of the call).
+    """
+
+    objs: Sequence[Any]
+    what: str = "batch"
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileBatch:
+    """A JSONL file, located by line, validated and appended in bounded memory.
+
+    ``progress`` is called with the bytes validated so far; the records are appended
+    ``chunk`` at a time, re-read from the file (see :mod:`ledger.stream`).
+    """
+
+    path: Path
+    now: datetime | None = None
+    progress: Callable[[int], None] | None = None
+    chunk: int = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A validated batch: what the one ingest path needs of it."""
+
+    what: str
+    keys: Sequence[OrderKey]
+    digests: Sequence[bytes]
+    loader: Callable[[], AbstractContextManager[Callable[[list[int]], list[Record]]]]
+    locate: Locator
+    chunk: int
+    keep_stored: bool
+
+
+def _check(batch: RecordBatch | FileBatch) -> _Checked:
+    """Validate every record of ``batch`` (no database); refuse it whole on any error."""
+    if isinstance(batch, FileBatch):
+        index = index_file(batch.path, now=batch.now, progress=batch.progress)
+        what = str(batch.path)
+        if index.error_count:
+            raise IngestRefused(index.errors, what, count=index.error_count)
+
+        @contextmanager
+        def reread() -> Iterator[Callable[[list[int]], list[Record]]]:
+            with index.path.open("rb") as fh:
+                yield lambda positions: read_records(index, positions, fh)
+
+        return _Checked(
+            what=what,
+            keys=index.keys,
+            digests=index.digests,
+            loader=reread,
+            locate=line_locator([k.line or 0 for k in index.keys]),
+            chunk=batch.chunk,
+            keep_stored=False,
+        )
+    records, errors = validate_batch(list(batch.objs), now=batch.now)
+    if errors:
+        raise IngestRefused(errors, batch.what)
+
+    @contextmanager
+    def held() -> Iterator[Callable[[list[int]], list[Record]]]:
+        yield lambda positions: [records[p] for p in positions]
+
+    return _Checked(
+        what=batch.what,
+        keys=[order_key(r) for r in records],
+        digests=[hashlib.sha256(r.canonical).digest() for r in records],
+        loader=held,
+        # Identical repeats collapse, so record i is not always element i: name the
+        # element of the caller's batch.
+        locate=lambda i, fld, msg: RecordError(msg, field=fld, index=records[i].index),
+        chunk=max(len(records), 1),
+        keep_stored=True,
+    )
+
+
+def ingest_batch(
+    unit: Callable[[], AbstractContextManager[Session]],
+    batch: RecordBatch | FileBatch,
+    projectors: Sequence[projections.Projector] = (),
+    *,
+    before_write: Callable[[Sequence[OrderKey]], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """Validate ``batch``, then append it inside one unit of work: the one ingest path.
+
+    Promises, in order:
+    1. every record is checked on its own (the rules of :mod:`yoco_records.schema`),
+       before any database session is opened; on any error
+       :class:`~ledger.errors.IngestRefused` lists every bad record by line (a file) or
+       index (a batch) and field, and nothing is written;
+    2. ``before_write(keys)`` sees the validated records (one :class:`OrderKey` each, in
+       batch order) and may refuse them by raising (the API's token scope) or prepare
+       (a progress bar's total);
+    3. ``unit()`` is entered (the caller's unit of work: ``yoco.database.unit_of_work``,
+       the portal's ``PortalDb.write``, both :func:`ledger.sessions.unit_of_work`) and
+       the records are appended with the checks that need the ledger (see
+       :func:`ingest`); a refusal there raises ``IngestRefused`` too and the unit rolls
+       everything back. The unit commits; this function never does.
+
+    ``progress`` is called with the number of records handled after each chunk.
+    """
+    checked = _check(batch)
+    if before_write is not None:
+        before_write(checked.keys)
+    with checked.loader() as load, unit() as session:
+        return _ingest_indexed(
+            session,
+            checked.keys,
+            checked.digests,
+            load,
+            checked.locate,
+            projectors,
+            chunk=checked.chunk,
+            keep_stored=checked.keep_stored,
+            progress=progress,
+            what=checked.what,
+        )
+
+
 def _existing_digests(
     session: Session, event_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, bytes]:
@@ -149,8 +286,10 @@ def _ingest_indexed(
     chunk: int,
     keep_stored: bool,
     progress: Callable[[int], None] | None = None,
+    what: str = "batch",
 ) -> IngestResult:
-    """The one ingest path: checks on the compact keys, then appends ``chunk`` at a time."""
+    """What every ingest shares: checks on the compact keys, then appends ``chunk`` at a
+    time (refusals name the batch as ``what``)."""
     result = IngestResult()
     if not keys:
         return result
@@ -170,7 +309,7 @@ def _ingest_indexed(
             # producer record into the id space of the system's own entries.
             errors.append(locate(i, "event_id", "must be a random UUID v4"))
     if errors:
-        raise IngestRefused(errors)
+        raise IngestRefused(errors, what)
 
     # Append in causal order (issue 10, item 5): references resolve wherever they stand
     # in the batch; independent records keep their batch order.
@@ -178,7 +317,7 @@ def _ingest_indexed(
     if order_errors:
         at = {(k.line, k.index): i for i, k in enumerate(keys)}
         raise IngestRefused(
-            [locate(at[(e.line, e.index)], e.field, e.message) for e in order_errors]
+            [locate(at[(e.line, e.index)], e.field, e.message) for e in order_errors], what
         )
 
     sizes = journal.lock_logs(session, contract_ids)
@@ -196,7 +335,7 @@ def _ingest_indexed(
             # learns nothing about logs it may not read (issue 10, item 2).
             errors.append(locate(i, "event_id", event_id_taken(keys[i].event_id)))
     if errors:
-        raise IngestRefused(errors)
+        raise IngestRefused(errors, what)
     del existing
     if progress is not None and result.duplicates:
         progress(result.duplicates)
@@ -225,7 +364,7 @@ def _ingest_indexed(
         if problems:
             where = {e.event_id: i for i, e in zip(part, entries, strict=True)}
             raise IngestRefused(
-                [locate(where[p.event_id], p.field, p.message) for p in problems]
+                [locate(where[p.event_id], p.field, p.message) for p in problems], what
             )
         result.appended += len(stored)
         result.by_kind.update(st.kind for st in stored)

@@ -2,9 +2,10 @@
 
 The runtime does not import the ledger: the composition root names
 ``yoco.sink:ledger_sink`` in the runtime's sink spec, and the supervisor builds
-the sink in its own process.  ``deliver`` validates a batch exactly like
-``yoco ledger ingest``, appends it in one transaction and returns only after
-the commit: the outbox may then drop the batch.  Records already stored with
+the sink in its own process.  ``deliver`` goes through the one ingest path,
+:func:`ledger.ingest.ingest_batch`, like ``yoco ledger ingest`` and the API: it
+validates the batch, appends it in one unit of work and returns only after the
+commit: the outbox may then drop the batch.  Records already stored with
 the same content are no-ops, so a retried batch is harmless.
 """
 
@@ -14,12 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
+from ledger import ingest as ingestion
 from ledger.errors import IngestRefused
-from ledger.ingest import IngestResult, index_locator, ingest
 from ledger.projections import Projector
-from ledger.records import validate_batch
+from ledger.sessions import unit_of_work
 
 
 class LedgerSink:
@@ -46,20 +46,15 @@ class LedgerSink:
         return self._engine
 
     def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Validate and append ``records`` in one transaction; return after the commit."""
-        recs, errors = validate_batch([dict(r) for r in records])
-        if errors:
-            raise IngestRefused(errors, "runtime batch")
-        factory = sessionmaker(bind=self.engine)
-        session: Session = factory()
-        try:
-            result: IngestResult = ingest(session, recs, index_locator(), self._projectors)
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
+        """Validate and append ``records`` in one transaction; return after the commit.
+
+        The engine is created only once the batch has validated.
+        """
+        result = ingestion.ingest_batch(
+            lambda: unit_of_work(self.engine),
+            ingestion.RecordBatch([dict(r) for r in records], what="runtime batch"),
+            self._projectors,
+        )
         self.delivered += result.appended
 
     def is_permanent(self, exc: BaseException) -> bool:

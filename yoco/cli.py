@@ -336,11 +336,12 @@ def ledger_ingest(
     )
 
     from ledger.errors import IngestRefused
-    from ledger.ingest import ingest_file
-    from ledger.stream import index_file
+    from ledger.ingest import FileBatch, ingest_batch
+    from yoco.database import unit_of_work
 
-    # Two passes in bounded memory: validate every line into a compact index, then
-    # append in causal order, re-reading the lines chunk by chunk, in one transaction.
+    # The one ingest path (ledger.ingest.ingest_batch), in two passes in bounded memory:
+    # validate every line into a compact index (before the database is even started),
+    # then append in causal order, re-reading the lines chunk by chunk, in one unit of work.
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -349,37 +350,33 @@ def ledger_ingest(
         console=err,
         transient=True,
         disable=not err.is_terminal,
-    ) as bar:
+    ) as bar, application(schema=False) as ctx:
         size = file.stat().st_size
         task = bar.add_task("validating", total=size)
-        index = index_file(file, progress=lambda done: bar.update(task, completed=done))
-        bar.update(task, completed=size)
-        if index.error_count:
-            err.print(
-                f"[bold red]error:[/] {file}: {index.error_count} record(s) refused, "
-                "nothing written:"
+        steps: list[Any] = []
+
+        def appending(keys: Any) -> None:
+            bar.update(task, completed=size)
+            steps.append(bar.add_task("appending", total=len(keys)))
+
+        def unit() -> Any:
+            ctx.require_schema()
+            return unit_of_work(ctx.engine)
+
+        try:
+            result = ingest_batch(
+                unit,
+                FileBatch(file, progress=lambda done: bar.update(task, completed=done)),
+                ctx.projectors,
+                before_write=appending,
+                progress=lambda n: bar.advance(steps[-1], n),
             )
-            _print_record_errors(index.errors, more=index.error_count - len(index.errors))
-            raise typer.Exit(2)
-        step = bar.add_task("appending", total=len(index.keys))
-        with application() as ctx:
-            try:
-                result = _unit(
-                    ctx,
-                    lambda s: ingest_file(
-                        s,
-                        index,
-                        ctx.projectors,
-                        progress=lambda n: bar.advance(step, n),
-                    ),
-                )
-            except IngestRefused as exc:
-                err.print(
-                    f"[bold red]error:[/] {file}: {len(exc.errors)} record(s) refused, "
-                    "nothing written:"
-                )
-                _print_record_errors(exc.errors)
-                raise typer.Exit(2) from None
+        except IngestRefused as exc:
+            err.print(
+                f"[bold red]error:[/] {file}: {exc.count} record(s) refused, nothing written:"
+            )
+            _print_record_errors(exc.errors, more=exc.count - len(exc.errors))
+            raise typer.Exit(2) from None
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(result.by_kind.items())) or "none"
     out.print(
         f"{file}: {result.appended} appended ({kinds}), {result.duplicates} already in the ledger",

@@ -222,8 +222,7 @@ def _demo_dir(ctx: App) -> Path:
 def _ingest_stream(ctx: App, console: Console, specs: list[Any], records: int, seed: int,
                    end: datetime) -> dict[str, int]:
     from billing.years import contract_year_bounds
-    from ledger.ingest import ingest
-    from ledger.records import validate_batch
+    from ledger.ingest import RecordBatch, ingest_batch
     from yoco.database import unit_of_work
     from yoco.simulate import StreamConfig, simulate
 
@@ -242,13 +241,13 @@ def _ingest_stream(ctx: App, console: Console, specs: list[Any], records: int, s
                 seed=seed * 100 + i, parallel_jobs=LANES, progress_interval_s=interval)))
             task = bar.add_task(f"ingest {spec.contract_id}", total=len(stream))
             for lo in range(0, len(stream), 5000):
-                recs, errs = validate_batch(stream[lo : lo + 5000])
-                assert not errs, errs[:3]
-                with unit_of_work(ctx.engine) as s:
-                    res = ingest(s, recs, extra_projectors=ctx.projectors)
+                part = stream[lo : lo + 5000]
+                res = ingest_batch(lambda: unit_of_work(ctx.engine),
+                                   RecordBatch(part, what=f"{spec.contract_id} stream"),
+                                   ctx.projectors)
                 totals["appended"] += res.appended
                 totals["duplicates"] += res.duplicates
-                bar.advance(task, len(recs))
+                bar.advance(task, len(part))
     return totals
 
 

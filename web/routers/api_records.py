@@ -1,24 +1,24 @@
 """``POST /api/v1/records``: runtimes append ingestion records, exactly as ``yoco ledger ingest``.
 
-The body is a JSON array of records (DESIGN section 4).  The batch is validated with
-the same code as the command line (:func:`ledger.records.validate_batch`, then
-:func:`ledger.ingest.ingest` with the same projectors), is all or nothing, and is
-idempotent by ``event_id``.  Refusals are 422 with each record's ``index`` and ``field``;
-records for a contract the token is not scoped to are 403, naming their index.
+The body is a JSON array of records (DESIGN section 4).  The batch goes through the one
+ingest path of the command line and the runtime's sink (:func:`ledger.ingest.ingest_batch`,
+with the same projectors), is all or nothing, and is idempotent by ``event_id``.
+Refusals are 422 with each record's ``index`` and ``field``; records for a contract the
+token is not scoped to are 403, naming their index.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from ledger import ingest as ingestion
 from ledger.canonical import JsonInputError, parse_json_strict
 from ledger.errors import IngestRefused
-from ledger.ingest import ingest
-from ledger.records import Record, RecordError, validate_batch
+from ledger.records import OrderKey, RecordError
 from web.deps import PortalDep, WriterDep
 from web.schemas import ERRORS, ErrorBody, IngestOut, IngestRefusedBody
 
@@ -46,17 +46,21 @@ _RECORD_SCHEMA: dict[str, Any] = {
     "additionalProperties": True,
 }
 
-# Another log's name and position must not show through an event-id collision.
-_OTHER_LOG = re.compile(r" \(log '[^']*', seq \d+\)")
-
 
 def _refused(status: int, detail: str, errors: list[RecordError]) -> JSONResponse:
-    out = []
-    for e in errors:
-        d = e.to_dict()
-        d["message"] = _OTHER_LOG.sub("", d["message"])
-        out.append(d)
-    return JSONResponse({"detail": detail, "errors": out}, status_code=status)
+    # The refusal of a reused event id names no log (ledger.ingest.event_id_taken), so
+    # the messages go out as they are.
+    return JSONResponse(
+        {"detail": detail, "errors": [e.to_dict() for e in errors]}, status_code=status
+    )
+
+
+class _OutsideScope(Exception):
+    """Records for contracts the token may not write to (403, nothing written)."""
+
+    def __init__(self, errors: list[RecordError]) -> None:
+        super().__init__(f"{len(errors)} record(s) outside the token's contracts")
+        self.errors = errors
 
 
 async def read_limited(request: Request, limit: int) -> bytes | None:
@@ -141,32 +145,31 @@ async def post_records(request: Request, writer: WriterDep, portal: PortalDep) -
 
 
 def _ingest(objs: list[Any], allowed: frozenset[str], portal: Any) -> Any:
-    records, errors = validate_batch(objs)
-    if errors:
-        return _refused(422, f"{len(errors)} error(s); nothing written", errors)
-    foreign = [
-        RecordError(
-            f"this token may not write records for contract {r.contract_id!r}",
-            field="contract_id",
-            index=r.index,
-        )
-        for r in records
-        if r.contract_id not in allowed
-    ]
-    if foreign:
-        return _refused(403, f"{len(foreign)} record(s) outside this token's contracts; "
-                        "nothing written", foreign)
-    located = _locator(records)
+    def in_scope(keys: Sequence[OrderKey]) -> None:
+        foreign = [
+            RecordError(
+                f"this token may not write records for contract {k.contract_id!r}",
+                field="contract_id",
+                index=k.index,
+            )
+            for k in keys
+            if k.contract_id not in allowed
+        ]
+        if foreign:
+            raise _OutsideScope(foreign)
+
     try:
-        with portal.db.write() as session:
-            result = ingest(session, records, located, portal.projectors)
+        result = ingestion.ingest_batch(
+            portal.db.write,
+            ingestion.RecordBatch(objs),
+            portal.projectors,
+            before_write=in_scope,
+        )
+    except _OutsideScope as exc:
+        return _refused(403, f"{len(exc.errors)} record(s) outside this token's contracts; "
+                        "nothing written", exc.errors)
     except IngestRefused as exc:
         return _refused(422, f"{len(exc.errors)} error(s); nothing written", exc.errors)
     return IngestOut(
         appended=result.appended, duplicates=result.duplicates, by_kind=dict(result.by_kind)
     )
-
-
-def _locator(records: list[Record]) -> Any:
-    """Errors that name each record's index in the posted array."""
-    return lambda i, fld, msg: RecordError(msg, field=fld, index=records[i].index)
