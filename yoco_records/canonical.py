@@ -266,8 +266,12 @@ def parse_json_strict(text: str | bytes) -> Any:
             parse_constant=on_constant,
         )
     except json.JSONDecodeError as exc:
+        # Some of Python's messages end in "at" ("Unterminated string starting at"),
+        # written for its own ": line 1 column 7 (char 6)"; the position is added by
+        # whoever reports this error ("... at column 7"), so the "at" goes here, or the
+        # words would read "starting at at column 7".
         raise JsonInputError(
-            f"invalid JSON: {exc.msg}", line=exc.lineno, column=exc.colno
+            f"invalid JSON: {exc.msg.removesuffix(' at')}", line=exc.lineno, column=exc.colno
         ) from None
     except RecursionError:
         raise JsonInputError("invalid JSON: nesting too deep") from None

@@ -125,3 +125,12 @@ def test_authentication_and_body_shape(client_for, seed) -> None:
     assert r.status_code == 422 and r.json()["errors"][0]["message"]
     r = _post(c, seed.token, b"[1e400]", raw=True)
     assert r.status_code == 422
+
+
+def test_a_body_that_is_not_json_says_where_it_stops_being_json(client_for, seed) -> None:
+    c = client_for()
+    r = _post(c, seed.token, b'[{"kind": "job_started",\n  "job_id": "abc', raw=True)
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["message"] == (
+        "invalid JSON: Unterminated string starting at line 2 column 13"
+    )

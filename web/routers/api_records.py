@@ -123,10 +123,12 @@ async def post_records(request: Request, writer: WriterDep, portal: PortalDep) -
         objs = parse_json_strict(body)
     except JsonInputError as exc:
         path = exc.path or ""
+        # Where the text stops being JSON, say where (line and column of the body).
+        message = exc.message if exc.path is not None else str(exc)
         return _refused(
             422,
             "the body is not strict JSON; nothing written",
-            [RecordError(str(exc.message), field=path.removeprefix("$"))],
+            [RecordError(message, field=path.removeprefix("$"))],
         )
     if not isinstance(objs, list):
         return _refused(
