@@ -1,7 +1,8 @@
 """Imports point one way, and the portal's modules form no cycle (docs/architecture.md).
 
 ``yoco → web → reports → billing → ledger → yoco_records``; ``runtime`` imports none of
-them but ``yoco_records`` (it reports through a sink the composition root names).
+them but ``yoco_records`` (it reports through a sink the composition root names), and
+``adapters`` only the runtime.
 Every import statement counts, wherever it stands (a function-local import is still a
 dependency); only ``if TYPE_CHECKING:`` blocks, which never run, are left out.
 The source is read with :mod:`ast`: nothing is imported to check it.
@@ -25,6 +26,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reports": frozenset({"billing", "ledger", "yoco_records"}),
     "web": frozenset({"reports", "billing", "ledger", "yoco_records"}),
     "runtime": frozenset({"yoco_records"}),
+    # Reporters for other fault-tolerance stacks (torchrun, TorchFT): the runtime's
+    # records and outbox, nothing of the ledger's side.
+    "adapters": frozenset({"runtime", "yoco_records"}),
     # The standalone verifier installs only pure modules of billing and the ledger.
     "yoco_verify": frozenset({"billing", "ledger", "yoco_records"}),
 }
@@ -111,7 +115,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["web", "reports", "billing", "ledger", "runtime"])
+@pytest.mark.parametrize(
+    "package", ["web", "reports", "billing", "ledger", "runtime", "adapters", "yoco"]
+)
 def test_modules_of_a_package_import_each_other_without_a_cycle(package: str) -> None:
     modules = _modules(package)
     graph: dict[str, set[str]] = {m: set() for m in modules}
