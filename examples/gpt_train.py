@@ -171,6 +171,9 @@ def main() -> None:
     add_model_args(ap)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="shard the model with FSDP2 (fully_shard per block and the root) "
+                         "over the runtime's shard mesh: HSDP under yoco run --shards S")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--step-sleep", type=float, default=0.0,
@@ -191,13 +194,23 @@ def main() -> None:
 
     tokens, vocab = make_data(args)
     model = build_model(args, vocab).to(device)
+    mesh = None
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        from runtime.hsdp import shard_mesh
+
+        mesh = shard_mesh()  # this replica group's ranks; the runtime regroups it
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     opt = make_optimizer(model, args)
     sched = make_schedule(opt, args, args.steps)
     starts = len(tokens) - args.seq - 1
     sampler = ShardedSampler(starts, args.micro_batch, seed=args.seed)
     net: nn.Module = torch.compile(model) if args.compile else model
     job = Job(model=net, optimizer=opt, scheduler=sched, sampler=sampler,
-              config=JobConfig(seed=args.seed))
+              config=JobConfig(seed=args.seed), mesh=mesh)
     offsets = torch.arange(args.seq + 1)
 
     t_warm = time.perf_counter()
@@ -216,7 +229,7 @@ def main() -> None:
             total_loss += loss.item() / args.accum
         if not job.reduce_gradients():  # averaged over the replicas, before clipping
             continue  # the membership changed: this step runs again in the new group
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        norm = job.clip_grad_norm_(args.clip)  # the global norm (over every shard too)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if job.rank == 0 and args.log_every and step % args.log_every == 0:
@@ -229,7 +242,8 @@ def main() -> None:
                                                               1)))
     if args.out and (job.rank == 0 or args.out_all_ranks):
         path = args.out if job.rank == 0 else f"{args.out}.rank{job.rank}"
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+        state = job.state_dict()  # with --fsdp: this rank's shards, as plain tensors
+        torch.save({"model": state["model"], "optimizer": state["optimizer"],
                     "step": job.step}, path)
 
 

@@ -32,6 +32,15 @@ from runtime import protocol as P
 from runtime.checkpointing import Checkpointer, CommittedStep
 from runtime.errors import CheckpointError, CollectiveError, ConfigError, GenerationChanged
 from runtime.faults import FaultInjector, decode_faults
+from runtime.hsdp import (
+    ElasticGroup,
+    ShardReducer,
+    clip_sharded_grad_norm_,
+    group_of,
+    load_local_model,
+    optimizer_state_to_dtensors,
+    to_local_state,
+)
 from runtime.membership import Membership
 from runtime.proc import set_parent_death_signal
 from runtime.reduction import GradientReducer, stack_sparse, unstack_sparse
@@ -90,7 +99,7 @@ class Job:
 
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, sampler: Any = None,
-                 config: JobConfig | None = None) -> None:
+                 config: JobConfig | None = None, mesh: Any = None) -> None:
         cfg = config or JobConfig()
         every = int(os.environ.get(P.ENV_CKPT_EVERY, cfg.checkpoint_every))
         timeout = float(os.environ.get(P.ENV_COLLECTIVE_TIMEOUT, cfg.collective_timeout_s))
@@ -113,6 +122,15 @@ class Job:
         params = [p for p in model.parameters()]
         self.device = params[0].device if params else torch.device("cpu")
         self._reducer = GradientReducer(model, self.device)
+        # HSDP: the model is sharded with fully_shard over ``mesh`` (runtime.hsdp.shard_mesh)
+        self._elastic: ElasticGroup | None = None
+        self._shard_reducer: ShardReducer | None = None
+        self.shards = 1
+        if mesh is not None:
+            self._elastic = group_of(mesh)
+            self._shard_reducer = ShardReducer(model, self.device)
+            self.shards = self._elastic.size()
+            self._elastic.waiter = lambda w: w.wait()  # alone; a member waits its way
         self._m: Membership | None = None
         self._transfer: StateTransfer | None = None
         self._ckpt: Checkpointer | None = None
@@ -131,7 +149,8 @@ class Job:
             self._transfer = StateTransfer(
                 membership=self._m, model=model, optimizer=optimizer, device=self.device,
                 state_dict=self.state_dict, load_state_dict=self.load_state_dict,
-                buffers_per_param=self.config.state_buffers_per_param)
+                buffers_per_param=self.config.state_buffers_per_param,
+                load_optimizer=self._load_optimizer)
             self._faults = FaultInjector(
                 decode_faults(os.environ.get(P.ENV_FAULTS)), store=self._m.store,
                 slot=self.slot, signal_file=os.environ.get(P.ENV_SIGNAL_FILE),
@@ -170,10 +189,14 @@ class Job:
         return self._m.gen if self._m is not None else -1
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the full training state: what a replacement needs to continue exactly."""
+        """Return the full training state: what a replacement needs to continue exactly
+        (HSDP: this rank's shards of the model and optimizer state, as plain tensors)."""
+        model, opt = self.model.state_dict(), self.optimizer.state_dict()
+        if self._elastic is not None:
+            model, opt = to_local_state(model), to_local_state(opt)
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": opt,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "step": self.step,
@@ -184,14 +207,38 @@ class Job:
         """Install ``state`` (from :meth:`state_dict`, a transfer or a checkpoint); an
         ``optimizer`` entry of None leaves the optimizer as it is."""
         if not model_in_place:
-            self.model.load_state_dict(state["model"])
+            if self._elastic is not None:
+                load_local_model(self.model, state["model"])
+            else:
+                self.model.load_state_dict(state["model"])
         if state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._load_optimizer(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        if self._elastic is not None:
+            state = optimizer_state_to_dtensors(self.optimizer, state)
+        self.optimizer.load_state_dict(state)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Average the gradients (:meth:`reduce_gradients`) and clip their global 2-norm
+        to ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` does; return the norm
+        before clipping (NaN when the step was abandoned: the body should go on or
+        ``continue``, the step is discarded). With HSDP the norm is of the whole
+        gradient, its shards' squares summed over the replica group through the
+        runtime's shard group (so a peer's death cannot block or raise here)."""
+        if not self.reduce_gradients():
+            return torch.tensor(float("nan"))
+        if self._elastic is not None:
+            norm = clip_sharded_grad_norm_(self.model, max_norm, self._elastic)
+            if self._elastic.abandoned is not None:
+                return torch.tensor(float("nan"))
+            return norm
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def reduce_gradients(self) -> bool:
         """Average the step's gradients over the group now, inside the loop body.
@@ -207,7 +254,9 @@ class Job:
         these gradients is discarded. Calling it again in the same step does nothing.
         Standalone (world size 1) there is nothing to average: True.
         """
-        if self._m is None or self._reduced:
+        if self._elastic is not None and self._elastic.abandoned is not None:
+            self._abandoned = self._elastic.abandoned  # an FSDP collective saw the change
+        if self._m is None or self._reduced or self._abandoned is not None:
             return self._abandoned is None
         try:
             self._reduce()
@@ -287,14 +336,17 @@ class Job:
         seed = _step_seed(self.config.seed, self.step, self.rank)
         torch.manual_seed(seed)
         random.seed(seed)
-        self._reducer.zero(self.optimizer)
+        if self._shard_reducer is not None:
+            self._shard_reducer.zero(self.optimizer)
+        else:
+            self._reducer.zero(self.optimizer)
         self._reduced = False
         self._abandoned = None
 
     # ----------------------------------------------------------------- step
     def _begin_step(self) -> None:
         assert self._m is not None and self._faults is not None
-        if not self._reducer.built:
+        if not self._reducer.built and self._shard_reducer is None:
             self._reducer.build()
         self._begin_local()
         if self.sampler is not None:
@@ -311,6 +363,9 @@ class Job:
         """Launch the step's gradient reduction, wait for it and average."""
         assert self._m is not None and self._faults is not None
         m = self._m
+        if self._shard_reducer is not None:
+            self._reduce_sharded()
+            return
         red = self._reducer.launch(m.pg, m.cpu_pg, move_flag=self._move_seen)
         if self._faults.in_collective(step=self.step, rank=self.rank):
             m.collective_failed(P.Phase.STEP, CollectiveError("injected collective error"))
@@ -320,7 +375,31 @@ class Job:
             self._move_seen = True
         self._reduced = True
 
+    def _reduce_sharded(self) -> None:
+        """HSDP: FSDP2 has averaged the gradient inside the replica group (reduce-scatter);
+        average each shard over the replica groups, then agree inside the replica group
+        (a one-number allreduce) that every shard made it, so that a replica group
+        commits the step on all its shards or on none, and a move flag raised by rank 0
+        reaches every rank."""
+        assert self._m is not None and self._faults is not None
+        assert self._shard_reducer is not None and self._elastic is not None
+        m = self._m
+        if self._elastic.abandoned is not None:
+            raise self._elastic.abandoned
+        work, grads = self._shard_reducer.launch(m.sub["rep"], move_flag=self._move_seen)
+        if self._faults.in_collective(step=self.step, rank=self.rank):
+            m.collective_failed(P.Phase.STEP, CollectiveError("injected collective error"))
+        m.wait(work, phase=P.Phase.STEP)
+        flag = torch.tensor([1.0 if self._shard_reducer.finish(
+            grads, self.world_size // self.shards) else 0.0])
+        m.wait(m.sub["shard"].allreduce([flag]), phase=P.Phase.STEP)
+        if float(flag[0]) > 0:
+            self._move_seen = True
+        self._reduced = True
+
     def _finish_step(self) -> None:
+        if self._elastic is not None and self._elastic.abandoned is not None:
+            raise self._elastic.abandoned
         if self._abandoned is not None:
             raise self._abandoned  # the body's reduce_gradients saw the membership change
         if not self._reduced:
@@ -375,7 +454,11 @@ class Job:
                 min_gen = gen + 1
                 continue
             try:
-                m.form_groups(gen, participants.index(self.slot), len(participants))
+                m.form_groups(gen, participants.index(self.slot), len(participants),
+                              subgroups=self._subgroups(plan))
+                if self._elastic is not None:
+                    self._elastic.set_backend(m.sub["shard"])
+                    self._elastic.waiter = lambda w: m.wait(w, phase=P.Phase.STEP)
                 t_pg = time.time()
                 moved = self._sync(plan)
                 t_sync = time.time()
@@ -402,6 +485,25 @@ class Job:
                 # So that a rollback target exists from step 0 on.
                 self._ckpt.submit(self.state_dict(), self.step)
             return
+
+    def _subgroups(self, plan: P.Plan) -> tuple[tuple[str, str, int, int], ...]:
+        """HSDP: this member's replicate group (same shard, one rank per replica group)
+        and shard group (its replica group), named ``rep`` and ``shard`` in ``m.sub``."""
+        assert self._m is not None
+        if plan.shards != self.shards:
+            self._m.collective_failed(P.Phase.REGROUP, ConfigError(
+                f"the job runs {plan.shards} shard(s) per replica group, this script "
+                f"{self.shards} (pass mesh=runtime.hsdp.shard_mesh() to Job)"))
+        if plan.shards == 1 or self.slot not in plan.members:
+            return ()
+        assert self._elastic is not None
+        replica, shard = divmod(plan.members.index(self.slot), plan.shards)
+        if shard != self._elastic.rank():
+            self._m.collective_failed(P.Phase.REGROUP, ConfigError(
+                f"{self.slot} holds shard {self._elastic.rank()}, planned at shard {shard}"))
+        replicas = len(plan.members) // plan.shards
+        return (("rep", f"rep{shard}", replica, replicas),
+                ("shard", f"shard{replica}", shard, plan.shards))
 
     def _sync(self, plan: P.Plan) -> int:
         """Bring every participant to the same state per ``plan.mode``; return bytes moved."""

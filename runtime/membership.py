@@ -103,6 +103,7 @@ class Membership:
         self._last_beat = 0.0
         self.pg: Any = None
         self.cpu_pg: Any = None
+        self.sub: dict[str, Any] = {}  # this generation's subgroups (form_groups)
         self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
 
     # ----------------------------------------------------------------- heartbeat
@@ -154,8 +155,13 @@ class Membership:
                 time.sleep(0.005)
 
     # ----------------------------------------------------------------- groups
-    def form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg") -> None:
-        """Build this generation's group(s) on a fresh prefix, watching for a newer gen."""
+    def form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg",
+                    subgroups: tuple[tuple[str, str, int, int], ...] = ()) -> None:
+        """Build this generation's group(s) on a fresh prefix, watching for a newer gen.
+
+        ``subgroups``: further gloo groups ``(key, name, rank, size)`` among some of the
+        members (HSDP: this rank's replicate and shard groups), each on the prefix
+        ``g{gen}/{name}/``; they end up in ``sub[key]``."""
         result: dict[str, Any] = {}
         timeout = timedelta(seconds=self.collective_timeout_s)
         host, port = self.store_addr
@@ -180,6 +186,10 @@ class Membership:
                         dist.PrefixStore("nccl/", base), rank, size, opts)
                 else:
                     result["main"] = gloo
+                for key, name, sub_rank, sub_size in subgroups:
+                    result["sub/" + key] = dist.ProcessGroupGloo(
+                        dist.PrefixStore(P.group_prefix(gen, name), store), sub_rank,
+                        sub_size, timeout)
             except Exception as exc:  # reported below as a collective failure
                 result["error"] = exc
 
@@ -203,6 +213,9 @@ class Membership:
             self._graveyard.extend([self.pg, self.cpu_pg])
         self._graveyard.append(result["store"])  # the group's rendezvous connection
         self.pg, self.cpu_pg = result["main"], result["cpu"]
+        if subgroups:
+            self._graveyard.extend(self.sub.values())
+            self.sub = {k[4:]: v for k, v in result.items() if k.startswith("sub/")}
 
     # ----------------------------------------------------------------- waiting
     def wait(self, work: Any, *, phase: P.Phase) -> None:

@@ -24,6 +24,8 @@ ENV_SIGNAL_FILE = "YOCO_SIGNAL_FILE"
 ENV_CONTROL_DIR = "YOCO_CONTROL_DIR"
 ENV_DEVICE = "YOCO_DEVICE"  # "cpu" or "cuda:N"
 ENV_COLLECTIVE_TIMEOUT = "YOCO_COLLECTIVE_TIMEOUT"  # seconds; overrides JobConfig's
+ENV_SHARDS = "YOCO_SHARDS"  # HSDP: ranks per replica group (1: plain data parallel)
+ENV_SHARD_INDEX = "YOCO_SHARD_INDEX"  # HSDP: the shard this process holds (fixed for life)
 
 #: File in RUN_DIR where rank 0 notes every committed step (see checkpointing.CommittedStep).
 COMMITTED_FILE = "committed"
@@ -143,10 +145,14 @@ class Plan:
     donors: list[str] = field(default_factory=list)
     ckpt: str | None = None
     ckpt_step: int | None = None
+    # HSDP: ranks per replica group; member p is replica p // shards, shard p % shards.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown plan mode {self.mode!r}")
+        if self.shards < 1 or len(self.members) % self.shards:
+            raise ValueError("members must be a whole number of replica groups")
         self.mode = PlanMode(self.mode)
         if not self.members:
             raise ValueError("a plan needs members")

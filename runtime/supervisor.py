@@ -71,6 +71,8 @@ class LaunchConfig:
     args: list[str] = field(default_factory=list)
     workers: int = 2
     spares: int = 1
+    # HSDP: ranks per replica group (FSDP2 shards inside it; runtime.hsdp). 1: plain DDP.
+    shards: int = 1
     contract_id: str = "default"
     job_id: str | None = None
     checkpoint_every: int = 0
@@ -116,6 +118,11 @@ class LaunchConfig:
             raise ConfigError("workers must be >= 1")
         if self.spares < 0:
             raise ConfigError("spares must be >= 0")
+        if self.shards < 1 or self.workers % self.shards:
+            raise ConfigError(f"shards must be >= 1 and divide workers ({self.workers})")
+        if self.shards > 1 and self.checkpoint_every:
+            raise ConfigError("checkpoints of an HSDP job (shards > 1) are not supported yet: "
+                              "use --checkpoint-every 0")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every must be >= 0")
         if not self.contract_id:
@@ -202,6 +209,7 @@ class Supervisor:
         self.pool = WorkerPool(python=config.python, script=config.script, args=config.args,
                                log_dir=self.run_dir / "logs")
         self.gpu_of: dict[str, int] = {}
+        self.shard_of: dict[str, int] = {}  # HSDP: the shard each process is built for
         # Membership: the current generation, its members and who holds their state.
         self.gen = -1
         self.members: list[str] = []
@@ -253,9 +261,16 @@ class Supervisor:
         self.outbox.append(rec)  # fsync'd before the supervisor moves on
 
     # ----------------------------------------------------------------- processes
-    def _spawn(self) -> str:
+    def _spawn(self, shard: int | None = None) -> str:
+        """Start a worker (or spare) process; with HSDP it is built for ``shard`` (default:
+        the shard index fewest live spares hold)."""
         slot = self.pool.next_slot()
+        if shard is None:
+            have = [self.shard_of.get(sp) for sp in self.spares if self._alive(sp)]
+            shard = min(range(self.cfg.shards), key=lambda i: (have.count(i), i))
+        self.shard_of[slot] = shard
         env = {**os.environ, **self.cfg.env,
+               P.ENV_SHARDS: str(self.cfg.shards), P.ENV_SHARD_INDEX: str(shard),
                P.ENV_STORE: f"{self.cfg.host}:{self.store.port}",
                P.ENV_SLOT: slot,
                P.ENV_RUN_DIR: str(self.run_dir),
@@ -289,6 +304,7 @@ class Supervisor:
             self.spares.append(self._spawn())
 
     def _publish(self, plan: P.Plan) -> None:
+        plan.shards = self.cfg.shards
         self.store.set(P.plan_key(plan.gen), plan.encode())
         self.store.set(P.KEY_GEN, str(plan.gen))
         self.gen = plan.gen
@@ -327,8 +343,8 @@ class Supervisor:
         if not started:
             self._emit(R.job_started(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                      gpus=self.cfg.workers))
-        members = [self._spawn() for _ in range(self.cfg.workers)]
-        self.spares = [self._spawn() for _ in range(self.cfg.spares)]
+        members = [self._spawn(i % self.cfg.shards) for i in range(self.cfg.workers)]
+        self.spares = [self._spawn(i % self.cfg.shards) for i in range(self.cfg.spares)]
         if self.cfg.fork_spares:
             self.pool.start_zygote({**os.environ, **self.cfg.env})
         self.holders = set(members)
@@ -604,6 +620,9 @@ class Supervisor:
             return
         survivors = [m for m in self.members if m not in dead and self._alive(m)]
         holders = [m for m in survivors if m in self.holders]
+        if self.cfg.shards > 1:
+            self._recover_sharded(rec, dead, holders)
+            return
         # A spare still importing torch is still better than a rollback: the new group
         # simply forms when it arrives, and no step is lost.
         ready = self._ready_spares()
@@ -648,6 +667,43 @@ class Supervisor:
             rec.rollback_step = ck_step
             rec.lost_steps = max(self.last_step - ck_step, rec.lost_steps)
         log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode, members)
+        rec.gen = plan.gen
+        self._publish(plan)
+
+    def _recover_sharded(self, rec: Recovery, dead: list[str], holders: list[str]) -> None:
+        """HSDP: live migration when every lost shard is still held in another replica
+        group -- each dead member is replaced by a spare built for its shard (forked at
+        once if none is ready) that receives the shard from a holder; otherwise fail
+        (sharded checkpoints for a rollback are not built yet)."""
+        lost = sorted({self.shard_of[d] for d in dead})
+        held = {self.shard_of[h] for h in holders}
+        gone = [s for s in lost if s not in held]
+        if gone:
+            self._fail(f"shard(s) {gone} lost in every replica group, and an HSDP job has "
+                       "no checkpoint to roll back to")
+            return
+        ready = self._ready_spares()
+        ready += [s for s in self.spares if self._alive(s) and s not in ready]
+        replace: dict[str, str] = {}
+        for d in dead:
+            match = [s for s in ready if self.shard_of[s] == self.shard_of[d]
+                     and s not in replace.values()]
+            if match:
+                replace[d] = match[0]
+            else:
+                extra = self._spawn(self.shard_of[d])
+                log.warning("no spare for shard %d of %s: started %s", self.shard_of[d], d,
+                            extra)
+                self.spares.append(extra)
+                replace[d] = extra
+        members = [replace.get(m, m) for m in self.members]
+        for s in replace.values():
+            self.spares.remove(s)
+        if rec.outcome != Outcome.ROLLED_BACK:
+            rec.outcome = Outcome.LIVE_MIGRATED
+        plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
+        log.warning("generation %d: %s recovery (HSDP, %d shards), members %s", plan.gen,
+                    plan.mode, self.cfg.shards, members)
         rec.gen = plan.gen
         self._publish(plan)
 
@@ -871,7 +927,12 @@ class Supervisor:
             log.warning("%s move off %s dropped: no longer a member", mv.failure_class,
                         mv.slot)
             return
-        spare = ready[0]
+        # HSDP: the spare must be built for the leaving worker's shard.
+        match = [s for s in ready if self.shard_of.get(s) == self.shard_of.get(mv.slot)]
+        if not match:
+            self.moves.insert(0, mv)
+            return
+        spare = match[0]
         self.spares.remove(spare)
         members = [spare if m == mv.slot else m for m in self.members]
         donors = [mv.slot] if len(self.members) == 1 else []

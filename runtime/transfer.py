@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from runtime import protocol as P
 from runtime.errors import CollectiveError
@@ -81,7 +82,8 @@ class StateTransfer:
                  optimizer: torch.optim.Optimizer, device: torch.device,
                  state_dict: Callable[[], dict[str, Any]],
                  load_state_dict: Callable[..., None],
-                 buffers_per_param: int | None) -> None:
+                 buffers_per_param: int | None,
+                 load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.m = membership
         self.model = model
         self.optimizer = optimizer
@@ -89,6 +91,7 @@ class StateTransfer:
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._buffers_per_param = buffers_per_param
+        self._load_optimizer = load_optimizer or optimizer.load_state_dict
         # Pre-faulted receive buffers for the optimizer state, by (shape, dtype, device).
         self._spare_bufs: dict[tuple[Any, ...], list[torch.Tensor]] = {}
         # The tail of a state transfer still in flight when the first step's body runs.
@@ -106,9 +109,11 @@ class StateTransfer:
         if k is None:
             k = state_buffers_per_param(self.optimizer)
         for p in self.model.parameters():
-            key = (tuple(p.shape), p.dtype, p.device)
+            local = p.to_local() if isinstance(p, DTensor) else p  # HSDP: this rank's shard
+            key = (tuple(local.shape), local.dtype, local.device)
             self._spare_bufs.setdefault(key, []).extend(
-                torch.zeros(p.shape, dtype=p.dtype, device=p.device) for _ in range(k))
+                torch.zeros(local.shape, dtype=local.dtype, device=local.device)
+                for _ in range(k))
 
     def release_buffers(self) -> None:
         """Free whatever pre-allocated buffer the transfer did not use."""
@@ -133,7 +138,7 @@ class StateTransfer:
         holds = torch.zeros(len(participants), dtype=torch.float64)
         holds[me] = float(step + 1) if has_state and not self.incomplete else 0.0
         if plan.mode == P.PlanMode.START:
-            holds[me] = 1.0 if me == 0 else 0.0
+            holds[me] = 1.0 if me < plan.shards else 0.0  # replica group 0 (HSDP: each shard)
         self.m.wait(self.m.cpu_pg.allreduce([holds]), phase=P.Phase.SYNC)
         committed = int(holds.max().item()) - 1
         if committed < 0:
@@ -146,7 +151,15 @@ class StateTransfer:
             return 0
         # Prefer staying members as sources; a donor only sends if it is the only one.
         staying = [s for s in sources if s < len(plan.members)] or sources
-        assign = {r: staying[i % len(staying)] for i, r in enumerate(receivers)}
+        # HSDP: a member's state is its shard's; it comes from a holder of the same shard
+        # (member p holds shard p % shards) in another replica group.
+        assign: dict[int, int] = {}
+        for i, r in enumerate(receivers):
+            same = [s for s in staying if s % plan.shards == r % plan.shards]
+            if not same:
+                self.m.collective_failed(P.Phase.SYNC, CollectiveError(
+                    f"no participant holds shard {r % plan.shards} at step {committed}"))
+            assign[r] = same[i % len(same)]
         if me in staying:
             mine = [r for r, s in assign.items() if s == me]
             return self._send(plan.gen, me, mine) if mine else 0
@@ -190,7 +203,8 @@ class StateTransfer:
         live: set[int] = set()  # indices received straight into the live model tensors
         for ref in tensor_refs:
             mine = own_model.get(ref.path[1]) if ref.path[0] == "model" else None
-            if mine is not None and tuple(mine.shape) == ref.shape and mine.dtype == ref.dtype:
+            if mine is not None and tuple(mine.shape) == ref.shape and mine.dtype == ref.dtype \
+                    and not isinstance(mine, DTensor):  # HSDP: shards travel as plain tensors
                 dest.append(mine)
                 live.add(ref.index)
             else:
@@ -226,7 +240,7 @@ class StateTransfer:
         # overlaps with the rest of the transfer; the optimizer state when it is in.
         self._load_state_dict(state | {"optimizer": None}, model_in_place=in_place)
         self.inflight = Inflight(
-            later, lambda: self.optimizer.load_state_dict(state["optimizer"]))
+            later, lambda: self._load_optimizer(state["optimizer"]))
         return sum(nbytes(t) for t in dest)
 
     def abandon(self) -> None:

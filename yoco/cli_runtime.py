@@ -69,6 +69,10 @@ def run(
                                 help="Data-parallel workers (ranks)."),
     spares: int = typer.Option(1, "--spares", "-s", min=0,
                                help="Hot spares: started, torch imported, waiting."),
+    shards: int = typer.Option(
+        1, "--shards", min=1,
+        help="HSDP: ranks per replica group (the script shards its model with FSDP2 over "
+             "runtime.hsdp.shard_mesh()); must divide --workers. 1: plain data parallel."),
     contract: str = typer.Option("default", "--contract", envvar="YOCO_CONTRACT_ID",
                                  help="Contract ID written on every record."),
     job_id: str | None = typer.Option(None, "--job-id",
@@ -152,6 +156,7 @@ def run(
             spec = _ledger_sink_for(contract)
         cfg = LaunchConfig(
             script=str(script), args=list(ctx.args), workers=workers, spares=spares,
+            shards=shards,
             contract_id=contract, job_id=job_id, checkpoint_every=checkpoint_every,
             checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
             runs_root=str(runs_root) if runs_root else None, sink=spec,

@@ -1,0 +1,317 @@
+"""HSDP under the runtime: FSDP2 (``fully_shard``) shards inside a replica group, the
+runtime reduces across replica groups and makes that dimension fault tolerant.
+
+Layout: ``yoco run --workers N --shards S`` runs R = N / S replica groups of S ranks.
+Position ``p`` in the generation's member list is replica ``p // S``, shard ``p % S``; a
+replacement takes the position (so the shard) of the rank it replaces, and receives that
+shard's state (parameters, optimizer state, scheduler, sampler position, step) from the
+rank holding the same shard in another replica group.
+
+How FSDP2 keeps working while the groups change each generation (what we took from
+torchft, and what we did not): torchft 0.2.0 runs FSDP2 over a plain intra-group mesh
+and reduces across replica groups in an ``all_reduce_hook`` on its fault-tolerant group;
+a replica group is its unit of failure (any rank lost: the whole group restarts and
+heals). We keep that split -- FSDP2 on a 1-D ``("shard",)`` mesh, the cross-group
+reduction in the runtime -- but the shard group is an :class:`ElasticGroup`: a process
+group object whose rank and size stay (so FSDP2's sharding, computed once, stays valid)
+while the gloo backend under it is replaced each generation. Its collectives are waited
+for the runtime's way (never blocking inside ``wait()``, watching the generation), and a
+collective that cannot complete (a peer died) never raises into the training loop: the
+step is marked abandoned, later collectives of it are skipped, the loop body runs to its
+end on garbage and the runtime discards the step. So a survivor in the lost rank's own
+replica group keeps its shard and its process. We do not depend on torchft: its
+Manager/Lighthouse quorum would duplicate the supervisor's membership, and its process
+group wrappers re-create a group per quorum in the same way we already do.
+
+Facts this rests on (torch 2.13, checked): FSDP2 reads ``mesh_info.shard_process_group``
+at each collective (not a copy), so swapping the object's backend is enough; re-registering
+a backend on a c10d ``ProcessGroup`` does *not* replace it (the first one of a backend type
+is kept), hence a Python group; a DeviceMesh built with ``_init_backend=False`` needs no
+default process group.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from runtime import protocol as P
+from runtime.errors import ConfigError, GenerationChanged
+
+
+class _DoneWork(dist.Work):
+    """A completed work (what a skipped collective of an abandoned step returns)."""
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Nothing to wait for."""
+        return True
+
+    def is_completed(self) -> bool:
+        """Always complete."""
+        return True
+
+
+class _ElasticWork(dist.Work):
+    """A collective of an :class:`ElasticGroup` in flight; ``wait()`` never raises and
+    never blocks past a membership change (the step is abandoned instead)."""
+
+    def __init__(self, group: ElasticGroup, work: Any) -> None:
+        super().__init__()
+        self._group = group
+        self._work = work
+        self._done = False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait the runtime's way; on a membership change mark the step abandoned."""
+        if not self._done:
+            self._done = True
+            self._group.wait(self._work)
+        return True
+
+    def is_completed(self) -> bool:
+        """True once waited for (or the step is abandoned)."""
+        return self._done or self._group.abandoned is not None
+
+
+class ElasticGroup:
+    """The shard group of one replica group, as FSDP2 sees it: a fixed rank and size,
+    and a gloo backend that the runtime replaces each generation (see the module
+    docstring). Only the collectives FSDP2 uses are provided."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        if not 0 <= rank < size:
+            raise ConfigError(f"shard index {rank} outside 0..{size - 1}")
+        self._rank = rank
+        self._size = size
+        self.backend: Any = None
+        self.group_name = f"yoco-shard-{rank}-of-{size}-{os.getpid()}"
+        # Set by the Job: waits for a work watching the generation (raises
+        # GenerationChanged when a newer one is published).
+        self.waiter: Callable[[Any], None] | None = None
+        self.abandoned: GenerationChanged | None = None
+        self._lock = threading.Lock()
+
+    # ProcessGroup's interface, as much as FSDP2 uses of it.
+    def rank(self) -> int:
+        """This process's shard index (stable across generations)."""
+        return self._rank
+
+    def size(self) -> int:
+        """Shards per replica group."""
+        return self._size
+
+    def set_backend(self, backend: Any) -> None:
+        """Use ``backend`` (the new generation's gloo group) from now on."""
+        self.backend = backend
+        self.abandoned = None
+
+    def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any) -> dist.Work:
+        """FSDP2's all-gather of parameter shards."""
+        return self._run(lambda b: b._allgather_base(output, inp, opts))
+
+    def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor,
+                              opts: Any) -> dist.Work:
+        """FSDP2's reduce-scatter of gradients."""
+        return self._run(lambda b: b._reduce_scatter_base(output, inp, opts))
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """Sum ``tensors`` over the group (the runtime's gradient-norm reduction)."""
+        if opts is None:
+            return self._run(lambda b: b.allreduce(tensors))
+        return self._run(lambda b: b.allreduce(tensors, opts))
+
+    def _run(self, launch: Callable[[Any], Any]) -> dist.Work:
+        if self.abandoned is not None:
+            return _DoneWork()  # the step is void: skip the collective
+        if self._size == 1 and self.backend is None:
+            raise ConfigError("a shard group of one used before the runtime set it up")
+        try:
+            work = launch(self.backend)
+        except Exception as exc:  # a dead peer's socket: the supervisor sees the death
+            return self._failed(exc)
+        return _ElasticWork(self, work)
+
+    def wait(self, work: Any) -> None:
+        """Wait for ``work``; a membership change abandons the step (never raises)."""
+        if self.abandoned is not None:
+            return
+        assert self.waiter is not None, "ElasticGroup used outside a Job"
+        try:
+            self.waiter(work)
+        except GenerationChanged as changed:
+            self.abandoned = changed
+
+    def _failed(self, exc: Exception) -> dist.Work:
+        # Wait for the supervisor's next generation, as a failed collective does.
+        assert self.waiter is not None, "ElasticGroup used outside a Job"
+
+        class _Raising:
+            def wait(self) -> None:
+                raise exc
+
+            def get_future(self) -> Any:
+                raise RuntimeError("no future")  # -> waited on a helper thread
+
+        self.wait(_Raising())
+        return _DoneWork()
+
+
+class _ElasticMesh(DeviceMesh):
+    """A 1-D DeviceMesh whose group is an :class:`ElasticGroup` (DeviceMesh would look
+    a group up in c10d's registry by name, where only C++ process groups live)."""
+
+    _elastic: ElasticGroup
+
+    def get_group(self, mesh_dim: int | str | None = None) -> Any:
+        """The shard group (the only dimension)."""
+        return self._elastic
+
+
+_GROUP: ElasticGroup | None = None
+
+
+def shard_mesh() -> DeviceMesh:
+    """The 1-D ``("shard",)`` DeviceMesh of this process's replica group, for
+    ``fully_shard(module, mesh=shard_mesh())``; pass it to :class:`runtime.Job` as
+    ``mesh``. Under ``yoco run --shards S`` it spans S ranks; alone it spans this one."""
+    global _GROUP
+    shards = int(os.environ.get(P.ENV_SHARDS, "1"))
+    index = int(os.environ.get(P.ENV_SHARD_INDEX, "0"))
+    if _GROUP is None:
+        _GROUP = ElasticGroup(index, shards)
+        if shards == 1:  # alone: a gloo group of one on a private store
+            _GROUP.set_backend(dist.ProcessGroupGloo(dist.HashStore(), 0, 1,
+                                                     timedelta(seconds=60)))
+    mesh = _ElasticMesh("cpu", torch.arange(shards), mesh_dim_names=("shard",),
+                        _init_backend=False, _rank=index)
+    mesh._elastic = _GROUP
+    mesh._dim_group_names = [_GROUP.group_name]  # type: ignore[list-item]
+    return mesh
+
+
+def group_of(mesh: DeviceMesh) -> ElasticGroup:
+    """The :class:`ElasticGroup` behind a mesh made by :func:`shard_mesh`."""
+    if not isinstance(mesh, _ElasticMesh):
+        raise ConfigError("the mesh was not made by runtime.hsdp.shard_mesh()")
+    return mesh._elastic
+
+
+# ------------------------------------------------------------------- state
+def to_local_state(state: Any) -> Any:
+    """``state`` with every DTensor replaced by this rank's local shard (what is
+    transferred: a shard moves between ranks holding the same shard index)."""
+    if isinstance(state, DTensor):
+        return state.to_local()
+    if isinstance(state, dict):
+        return {k: to_local_state(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [to_local_state(v) for v in state]
+    return state
+
+
+def load_local_model(model: torch.nn.Module, local: dict[str, Any]) -> None:
+    """Copy local shards (from :func:`to_local_state`) into ``model``'s live shards."""
+    live = model.state_dict()
+    with torch.no_grad():
+        for key, value in local.items():
+            dst = live[key]
+            dst = dst.to_local() if isinstance(dst, DTensor) else dst
+            if dst.shape != value.shape:
+                raise ConfigError(f"shard of {key} has shape {tuple(value.shape)}, this "
+                                  f"rank's is {tuple(dst.shape)} (another shard index?)")
+            dst.copy_(value)
+
+
+def optimizer_state_to_dtensors(optimizer: torch.optim.Optimizer,
+                                state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict of local shards with each parameter-shaped tensor wrapped
+    back as a DTensor like its parameter (so ``load_state_dict`` matches the params)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    out: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    for idx, entry in state["state"].items():
+        p = params[int(idx)]
+        new = {}
+        for k, v in entry.items():
+            if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and v.dim() > 0 \
+                    and not isinstance(v, DTensor):
+                v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
+                                       shape=p.shape, stride=p.stride())
+            new[k] = v
+        out["state"][idx] = new
+    return out
+
+
+class ShardReducer:
+    """The cross-replica-group gradient average of HSDP: FSDP2 has reduce-scattered
+    (averaged) each gradient inside the replica group; this averages the local shards
+    over the ranks holding the same shard (the replicate group), one flat buffer."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.flat: torch.Tensor | None = None
+
+    def zero(self, optimizer: torch.optim.Optimizer) -> None:
+        """FSDP2 makes new gradients each step: drop the old ones."""
+        optimizer.zero_grad(set_to_none=True)
+
+    def _locals(self) -> list[torch.Tensor]:
+        out = []
+        for p in self.model.parameters():
+            if p.grad is not None:
+                g = p.grad
+                out.append(g.to_local() if isinstance(g, DTensor) else g)
+        return out
+
+    def launch(self, pg: Any, *, move_flag: bool) -> tuple[Any, list[torch.Tensor]]:
+        """Pack the local gradient shards and start their sum over ``pg``."""
+        grads = self._locals()
+        n = sum(g.numel() for g in grads) + 1
+        if self.flat is None or self.flat.numel() != n:
+            self.flat = torch.zeros(n, dtype=torch.float32, device=self.device)
+        flat = self.flat
+        off = 0
+        for g in grads:
+            flat[off:off + g.numel()].copy_(g.reshape(-1))
+            off += g.numel()
+        flat[-1] = 1.0 if move_flag else 0.0
+        return pg.allreduce([flat]), grads
+
+    def finish(self, grads: list[torch.Tensor], replicas: int) -> bool:
+        """Average and copy back; return the move flag."""
+        assert self.flat is not None
+        flat = self.flat
+        move = float(flat[-1]) > 0
+        flat.div_(replicas)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+        return move
+
+
+def clip_sharded_grad_norm_(model: torch.nn.Module, max_norm: float,
+                            group: ElasticGroup) -> torch.Tensor:
+    """``clip_grad_norm_`` (2-norm) over gradients sharded in ``group``: the squares of the
+    local shards summed over the group, so every rank gets the norm of the whole
+    gradient; collectives waited the runtime's way."""
+    grads = [g.to_local() if isinstance(g, DTensor) else g
+             for g in (p.grad for p in model.parameters()) if g is not None]
+    local = torch.zeros(1, dtype=torch.float32)
+    if grads:
+        norms = torch._foreach_norm(grads, 2.0)
+        local = torch.stack([n.float() for n in norms]).pow(2).sum().reshape(1)
+    group.allreduce([local]).wait()
+    total = local.sqrt()[0]
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    if grads:
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
+    return total
