@@ -1,0 +1,142 @@
+"""HSDP benchmarks (issue 14): the GPT example sharded with FSDP2 under the runtime.
+
+    python bench/hsdp_bench.py [--section throughput|recovery|all] [--reps N]
+
+* throughput: ``examples/gpt_train.py --fsdp`` under the runtime (``--workers 4 --shards
+  2``, no spare) against ``bench/hsdp_baseline_worker.py`` (plain FSDP2 HSDP on a 2-D
+  mesh, one gloo world, no fault tolerance), same model, data and loop; interleaved runs,
+  ratio of throughputs (goal >= 0.98).
+* recovery: the same job with a spare, rank 2 (replica group 1, shard 0) SIGKILLed in step
+  15 (in FSDP2's backward), so that rank 0 is the one sending the shard (its timing is read);
+  SIGKILL -> first completed step on the new group, against the bytes the replacement
+  received (its shard of the model and AdamW state) / the best measured loopback bandwidth
+  (TCP or gloo send/recv, as bench/runtime_bench.py measures it) (goal <= 3).
+
+CUDA/NCCL: not run here (no GPU); see docs/benchmarks-runtime.md for the one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.runtime_bench import env, gloo_bandwidth, load, new_store, tcp_bandwidth  # noqa: E402
+from runtime.faults import parse_fault  # noqa: E402
+from runtime.sink import JsonlFileSink  # noqa: E402
+from runtime.supervisor import LaunchConfig, launch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = str(ROOT / "examples" / "gpt_train.py")
+PEER = str(ROOT / "bench" / "hsdp_baseline_worker.py")
+# ~3.2 M parameters (dim 256, 4 blocks): 12.7 MB of weights, 38 MB with AdamW's moments;
+# short sequences so that a step is a fraction of a second on a busy 2-core machine.
+MODEL = ["--dim", "256", "--layers", "4", "--heads", "8", "--seq", "32", "--micro-batch",
+         "2", "--accum", "2", "--text-chars", "50000", "--warmup-steps", "5"]
+WORKERS, SHARDS = 4, 2
+
+
+def run_runtime(tmp: Path, name: str, steps: int, warmup: int, spares: int,
+                faults: list[str] | None = None) -> tuple[float, object]:
+    """Mean steady step time (rank 0) of the example under the runtime, and the result."""
+    tf = tmp / f"{name}.time"
+    cfg = LaunchConfig(script=GPT, args=[*MODEL, "--fsdp", "--steps", str(steps),
+                                         "--warmup-timing", str(warmup), "--time-file",
+                                         str(tf), "--log-every", "0"],
+                       workers=WORKERS, shards=SHARDS, spares=spares, job_id=name,
+                       runs_root=str(tmp), nvml=False, progress_interval_s=5,
+                       faults=[parse_fault(f) for f in faults or []], env=dict(env()))
+    result = launch(cfg, JsonlFileSink(tmp / f"{name}.jsonl"))
+    assert result.exit_code == 0, result
+    return float(tf.read_text()), result
+
+
+def run_baseline(tmp: Path, steps: int, warmup: int) -> float:
+    """Mean steady step time (rank 0) of plain FSDP2 HSDP."""
+    store = new_store()
+    tf = tmp / "baseline.time"
+    procs = [subprocess.Popen([sys.executable, PEER, "--rank", str(r), "--world",
+                               str(WORKERS), "--shards", str(SHARDS), "--port",
+                               str(store.port), "--steps", str(steps), "--warmup-timing",
+                               str(warmup), "--time-file", str(tf), *MODEL], env=env())
+             for r in range(WORKERS)]
+    for p in procs:
+        assert p.wait(timeout=1800) == 0
+    return float(tf.read_text())
+
+
+def throughput(tmp: Path, reps: int) -> None:
+    """Interleaved runtime / baseline runs; print the ratio of throughputs."""
+    steps, warmup = 60, 10
+    runs: dict[str, list[float]] = {"runtime": [], "fsdp2": []}
+    for i in range(reps):
+        runs["fsdp2"].append(run_baseline(tmp, steps, warmup))
+        runs["runtime"].append(run_runtime(tmp, f"tp{i}", steps, warmup, 0)[0])
+        shutil.rmtree(tmp / f"tp{i}", ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"[hsdp throughput] GPT {' '.join(MODEL)}; {WORKERS} ranks = "
+          f"{WORKERS // SHARDS} replica groups x {SHARDS} shards; {steps - warmup} timed "
+          f"steps; {reps} interleaved runs; {load()}")
+    for k, v in runs.items():
+        print(f"[hsdp throughput]   {k:8s} median {med[k] * 1e3:7.1f} ms/step "
+              f"(runs {[round(x * 1e3, 1) for x in v]})")
+    print(f"[hsdp throughput] ratio runtime/fsdp2 (throughput): median "
+          f"{med['fsdp2'] / med['runtime']:.3f}, best "
+          f"{min(runs['fsdp2']) / min(runs['runtime']):.3f} (goal >= 0.98)")
+
+
+def recovery(tmp: Path, reps: int) -> None:
+    """One lost rank: SIGKILL -> first completed step vs shard bytes / bandwidth."""
+    totals: list[float] = []
+    bound = 0.0
+    for i in range(reps):
+        name = f"rec{i}"
+        _, result = run_runtime(tmp, name, steps=30, warmup=5, spares=1,
+                                faults=["kill:rank=2:step=15:phase=backward"])
+        rec = result.recoveries[0]  # type: ignore[attr-defined]
+        moved = int(rec["bytes"])
+        bw = max(tcp_bandwidth(moved), gloo_bandwidth(moved))
+        bound = moved / bw
+        total = rec["first_step"] - rec["killed_at"]
+        totals.append(total / bound)
+        parts = {"detection": rec["detected"] - rec["killed_at"],
+                 "regroup": rec["pg"] - rec["detected"],
+                 "transfer": rec.get("transferred", rec["synced"]) - rec["pg"],
+                 "rest of first step": rec["first_step"]
+                 - rec.get("transferred", rec["synced"])}
+        print(f"[hsdp recovery] run {i}: shard moved {moved / 1e6:.1f} MB, loopback "
+              f"{bw / 2**30:.2f} GiB/s -> bound {bound * 1e3:.0f} ms; SIGKILL -> first "
+              f"step {total * 1e3:.0f} ms = {total / bound:.2f} x bound | "
+              + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts.items())
+              + f" | {rec['outcome']}, lost {rec['lost_steps']}; {load()}")
+        shutil.rmtree(tmp / name, ignore_errors=True)
+    print(f"[hsdp recovery] median {statistics.median(totals):.2f} x bound (goal <= 3)")
+
+
+def main() -> None:
+    """Run the chosen sections."""
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--section", choices=["throughput", "recovery", "all"], default="all")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="yoco-hsdp-bench-"))
+    t0 = time.time()
+    try:
+        if args.section in ("throughput", "all"):
+            throughput(tmp, args.reps)
+        if args.section in ("recovery", "all"):
+            recovery(tmp, args.reps)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[hsdp] done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
