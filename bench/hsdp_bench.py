@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.runtime_bench import env, gloo_bandwidth, load, new_store, tcp_bandwidth  # noqa: E402
-from runtime.faults import parse_fault  # noqa: E402
-from runtime.sink import JsonlFileSink  # noqa: E402
-from runtime.supervisor import LaunchConfig, launch  # noqa: E402
+from bench.runtime_bench import env, gloo_bandwidth, load, new_store, tcp_bandwidth
+from runtime.faults import parse_fault
+from runtime.sink import JsonlFileSink
+from runtime.supervisor import LaunchConfig, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = str(ROOT / "examples" / "gpt_train.py")
