@@ -31,11 +31,17 @@ class LedgerSink:
     """
 
     def __init__(
-        self, engine_factory: Callable[[], Engine], projectors: Sequence[Projector] = ()
+        self,
+        engine_factory: Callable[[], Engine],
+        projectors: Sequence[Projector] = (),
+        on_refused: Callable[[Sequence[Any], Sequence[Any]], None] | None = None,
     ) -> None:
         self._engine_factory = engine_factory
         self._engine: Engine | None = None
         self._projectors = list(projectors)
+        #: Told ``(records, errors)`` of every refused batch, after the rollback (the
+        #: composition root raises the ``record_refused`` alert with it); must not raise.
+        self.on_refused = on_refused
         self.delivered = 0
 
     @property
@@ -50,11 +56,17 @@ class LedgerSink:
 
         The engine is created only once the batch has validated.
         """
-        result = ingestion.ingest_batch(
-            lambda: unit_of_work(self.engine),
-            ingestion.RecordBatch([dict(r) for r in records], what="runtime batch"),
-            self._projectors,
-        )
+        objs = [dict(r) for r in records]
+        try:
+            result = ingestion.ingest_batch(
+                lambda: unit_of_work(self.engine),
+                ingestion.RecordBatch(objs, what="runtime batch"),
+                self._projectors,
+            )
+        except IngestRefused as exc:
+            if self.on_refused is not None:
+                self.on_refused(objs, exc.errors)
+            raise
         self.delivered += result.appended
 
     def is_permanent(self, exc: BaseException) -> bool:

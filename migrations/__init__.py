@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 def target_metadata() -> MetaData:
     """The metadata of every package's models (imported here, not at import time)."""
+    import alerts.models  # noqa: F401
     import billing.models  # noqa: F401
     import ledger.models
     import web.models  # noqa: F401

@@ -1,6 +1,7 @@
 """Imports point one way, and the portal's modules form no cycle (docs/architecture.md).
 
-``yoco → web → reports → billing → ledger → yoco_records``; ``runtime`` imports none of
+``yoco → web → reports → billing → ledger → yoco_records`` (and ``web → alerts →
+billing``); ``runtime`` imports none of
 them but ``yoco_records`` (it reports through a sink the composition root names), and
 ``adapters`` only the runtime.
 Every import statement counts, wherever it stands (a function-local import is still a
@@ -24,7 +25,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ledger": frozenset({"yoco_records"}),
     "billing": frozenset({"ledger", "yoco_records"}),
     "reports": frozenset({"billing", "ledger", "yoco_records"}),
-    "web": frozenset({"reports", "billing", "ledger", "yoco_records"}),
+    "web": frozenset({"alerts", "reports", "billing", "ledger", "yoco_records"}),
+    # Operators' alerts: read billing's verdicts and the ledger; web and yoco read them.
+    "alerts": frozenset({"billing", "ledger", "yoco_records"}),
     "runtime": frozenset({"yoco_records"}),
     # Reporters for other fault-tolerance stacks (torchrun, TorchFT): the runtime's
     # records and outbox, nothing of the ledger's side.

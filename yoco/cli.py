@@ -655,6 +655,7 @@ COMMAND_MODULES = (
     "yoco.cli_web",
     "yoco.cli_runtime",
     "yoco.cli_risk",
+    "yoco.cli_alerts",
 )
 
 

@@ -157,6 +157,11 @@ def close_due_cmd(
         typer.Option("--wait", help="When another run is in progress, wait for it and then "
                      "run (default: leave the work to it and exit 0)."),
     ] = False,
+    alerts: Annotated[
+        bool,
+        typer.Option("--alerts/--no-alerts", help="Then run the alerts (detect, deliver): "
+                     "see `yoco alerts run`."),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Close every contract year that has ended and is not closed yet (the scheduler's run).
@@ -165,7 +170,9 @@ def close_due_cmd(
     cron entry, systemd timer or Kubernetes CronJob can run it too (deploy/). Idempotent
     and safe from several places at once: a run takes a PostgreSQL advisory lock, and a
     run that finds another one at work does nothing (exit 0). A year is never closed
-    twice and never gets two credits.
+    twice and never gets two credits. Afterwards the alerts run (docs/alerts.md); a
+    failed alert delivery is reported on stderr and in `yoco alerts deliveries`, and
+    does not change the exit status.
     """
     from billing.schedule import close_due_run
 
@@ -182,6 +189,17 @@ def close_due_cmd(
                 wait=wait,
             ),
         )
+        if alerts:
+            from yoco.alerting import alerts_config, run_alerts
+
+            try:
+                alerts_run = run_alerts(ctx.engine, alerts_config(ctx.settings), now=at)
+            except Exception as exc:  # the years are closed: report, do not fail the run
+                err.print(f"alerts run failed: {type(exc).__name__}: {exc}", highlight=False)
+            else:
+                happened = alerts_run.sent or (alerts_run.detect and alerts_run.detect.raised)
+                if happened and not as_json:
+                    err.print(alerts_run.summary(), highlight=False)
     if not run.ran:
         err.print("another close-due run is in progress; it closes what is due (nothing done)")
     if as_json:

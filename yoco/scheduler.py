@@ -3,16 +3,22 @@
 ``yoco serve`` starts one :class:`CloseDueScheduler` (a daemon thread of the serving
 process, not of each uvicorn worker) that runs :func:`billing.schedule.close_due_run`
 at start-up and then every ``every`` seconds, so credits are issued without anyone
-asking. Runs from several places at once are safe (see :mod:`billing.schedule`).
+asking; after each, the alerts' run (:func:`yoco.alerting.run_alerts`: detect, then
+deliver). Runs from several places at once are safe (see :mod:`billing.schedule`,
+:mod:`alerts.detect`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from billing.schedule import DueRun, close_due_run
 from yoco.app import App
+
+if TYPE_CHECKING:
+    from yoco.alerting import AlertsRun
 
 log = logging.getLogger("yoco.scheduler")
 
@@ -50,12 +56,25 @@ class CloseDueScheduler:
             )
         return run
 
+    def alerts_once(self) -> AlertsRun:
+        """The alerts' run that follows each close-due run: detect, then deliver."""
+        from yoco.alerting import alerts_config, run_alerts
+
+        run = run_alerts(self.ctx.engine, alerts_config(self.ctx.settings))
+        if run.sent or (run.detect is not None and run.detect.raised):
+            log.warning("%s", run.summary())
+        return run
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.run_once()
             except Exception:  # a database outage must not end the scheduler
                 log.exception("close-due run failed; retrying in %.0f s", self.every)
+            try:
+                self.alerts_once()
+            except Exception:  # nor a broken alert destination
+                log.exception("alerts run failed; retrying in %.0f s", self.every)
             self._stop.wait(self.every)
 
     def start(self) -> None:

@@ -37,6 +37,19 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="YOCO_DATA_DIR")
     signing_key_path: Path | None = Field(default=None, validation_alias="YOCO_SIGNING_KEY")
     log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
+    #: Alerts (docs/alerts.md): a log with entries under no signed checkpoint newer than
+    #: this many seconds raises ``checkpoint_stale``.
+    alerts_checkpoint_max_age_s: int = Field(
+        default=3600, gt=0, validation_alias="YOCO_ALERTS_CHECKPOINT_MAX_AGE_S"
+    )
+    #: Tries per delivery, the first backoff and its cap (seconds), and each try's timeout.
+    alerts_max_attempts: int = Field(default=5, ge=1, le=20,
+                                     validation_alias="YOCO_ALERTS_MAX_ATTEMPTS")
+    alerts_backoff_s: float = Field(default=1.0, gt=0, validation_alias="YOCO_ALERTS_BACKOFF_S")
+    alerts_backoff_cap_s: float = Field(default=60.0, gt=0, le=3600,
+                                        validation_alias="YOCO_ALERTS_BACKOFF_CAP_S")
+    alerts_timeout_s: float = Field(default=10.0, gt=0, le=300,
+                                    validation_alias="YOCO_ALERTS_TIMEOUT_S")
 
     @field_validator(
         "database_url", "owner_database_url", "portal_database_url", "sink_database_url"

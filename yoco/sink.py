@@ -23,4 +23,10 @@ def ledger_sink(database_url: str | None = None) -> LedgerSink:
             return make_engine(database_url)
         return make_engine(App(Settings()).database.sink_url)
 
-    return LedgerSink(engine, extra_projectors())
+    from yoco.alerting import refusal_recorder
+
+    sink = LedgerSink(engine, extra_projectors())
+    # A refused record becomes a dead letter in the runtime's outbox; the operator hears of
+    # it through the record_refused alert (docs/alerts.md).
+    sink.on_refused = refusal_recorder(lambda: sink.engine, "runtime sink")
+    return sink

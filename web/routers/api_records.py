@@ -9,6 +9,7 @@ token is not scoped to are 403, naming their index.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from web.deps import PortalDep, WriterDep
 from web.schemas import ERRORS, ErrorBody, IngestOut, IngestRefusedBody
 
 router = APIRouter(prefix="/api/v1", tags=["ingestion"])
+log = logging.getLogger("yoco.web.ingest")
 
 _RECORD_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -171,7 +173,28 @@ def _ingest(objs: list[Any], allowed: frozenset[str], portal: Any) -> Any:
         return _refused(403, f"{len(exc.errors)} record(s) outside this token's contracts; "
                         "nothing written", exc.errors)
     except IngestRefused as exc:
+        _alert(portal, objs, exc.errors, allowed)
         return _refused(422, f"{len(exc.errors)} error(s); nothing written", exc.errors)
     return IngestOut(
         appended=result.appended, duplicates=result.duplicates, by_kind=dict(result.by_kind)
     )
+
+
+def _alert(portal: Any, objs: list[Any], errors: list[RecordError],
+           allowed: frozenset[str]) -> None:
+    """Raise the ``record_refused`` alert (docs/alerts.md) in a transaction of its own.
+
+    Tenant-safe: a refused record is attributed to its contract only when the token may
+    write to it, so a customer's destination never hears of another token's records.
+    Never fails the request: the refusal must reach the sender.
+    """
+    from alerts.events import raise_event
+    from alerts.refusals import refusal_event
+
+    try:
+        event = refusal_event(objs, errors, source="API", scope=allowed)
+        with portal.db.write() as session:
+            raise_event(session, event)
+    except Exception:
+        log.exception("could not store the record_refused alert (the refusal stands)")
+

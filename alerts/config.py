@@ -1,0 +1,175 @@
+"""The alerts' settings (retry policy, checkpoint age) and the address check (SSRF).
+
+Webhook URLs and SMTP hosts are chosen by an operator, but a URL that reaches the
+host's own cloud metadata service (169.254.169.254 and friends) or a link-local address
+would let whoever can configure a destination read credentials through the delivery log.
+So :func:`check_host` refuses, by default, any host that *resolves* to a link-local,
+metadata, unspecified, multicast or reserved address — checked when the destination is
+configured and again before every attempt (DNS may change). Loopback and private
+(RFC 1918, ULA) addresses are allowed: operators run receivers on their own networks.
+``allow_unsafe_address`` (``--allow-unsafe-address``) lifts the check for one
+destination. Redirects are never followed (a 3xx is a failed attempt).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from alerts.errors import BadDestination, UnsafeAddress
+
+__all__ = [
+    "METADATA_ADDRESSES",
+    "AlertsConfig",
+    "RetryPolicy",
+    "check_host",
+    "check_webhook_url",
+    "unsafe_reason",
+]
+
+#: Cloud metadata endpoints outside the link-local ranges (AWS IPv6, Alibaba).
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+Resolver = Callable[[str], list[str]]
+
+
+def _resolve(host: str) -> list[str]:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def unsafe_reason(address: str) -> str | None:
+    """Why ``address`` (an IP literal) is unsafe to send to, or None when it is fine."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA_ADDRESSES:
+        return "a cloud metadata address"
+    if ip.is_loopback:
+        return None  # ::1 is inside the reserved ::/8 too
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_reserved:
+        return "reserved"
+    return None
+
+
+def check_host(host: str, *, field: str, allow_unsafe: bool = False,
+               resolve: Resolver | None = None) -> list[str]:
+    """Resolve ``host`` and refuse it if any address is unsafe (see the module docstring).
+
+    Returns the addresses. Raises :class:`UnsafeAddress` naming ``field`` and the address,
+    or :class:`BadDestination` when the host does not resolve. With ``allow_unsafe`` the
+    host is not checked (nor resolved) at all.
+    """
+    if allow_unsafe:
+        return []
+    try:
+        addresses = [host] if _is_ip(host) else (resolve or _resolve)(host)
+    except OSError as exc:
+        raise BadDestination(f"{field}: cannot resolve host {host!r} ({exc})") from exc
+    for a in addresses:
+        why = unsafe_reason(a)
+        if why is not None:
+            raise UnsafeAddress(
+                f"{field}: host {host!r} resolves to {a}, {why}; refused (it could reach the "
+                "host's metadata service or link-local devices). Use --allow-unsafe-address "
+                "only if you mean it"
+            )
+    return addresses
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def check_webhook_url(url: str, *, allow_unsafe: bool = False,
+                      resolve: Resolver | None = None) -> str:
+    """Refuse a webhook URL that is malformed, not http(s), carries credentials or points
+    at an unsafe address; return it unchanged. Errors name the field (``url``)."""
+    if not isinstance(url, str) or not url.strip() or url != url.strip():
+        raise BadDestination("url: expected an http:// or https:// URL")
+    if len(url) > 2000:
+        raise BadDestination("url: longer than 2000 characters")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise BadDestination(f"url: the scheme must be http or https, got {parts.scheme!r}")
+    if parts.username is not None or parts.password is not None:
+        raise BadDestination("url: credentials in the URL are refused (they would show in "
+                             "logs); the shared secret authenticates yoco to the receiver")
+    if parts.fragment:
+        raise BadDestination("url: a fragment (#…) is never sent; remove it")
+    host = parts.hostname
+    if not host:
+        raise BadDestination("url: no host")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise BadDestination(f"url: bad port ({exc})") from exc
+    check_host(host, field="url", allow_unsafe=allow_unsafe, resolve=resolve)
+    return url
+
+
+@dataclass(kw_only=True, slots=True)
+class RetryPolicy:
+    """How a delivery is retried: ``max_attempts`` tries in all, waiting between them an
+    exponential backoff (``base_s`` × 2^(n−1), at most ``cap_s``) with jitter (a random
+    share of the second half of that wait, so that many failing deliveries do not retry
+    in lock-step), each try bounded by ``timeout_s``."""
+
+    max_attempts: int = 5
+    base_s: float = 1.0
+    cap_s: float = 60.0
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not 1 <= self.max_attempts <= 20:
+            raise ValueError("max_attempts: expected 1 to 20")
+        if not 0 < self.base_s <= self.cap_s <= 3600:
+            raise ValueError("need 0 < base_s <= cap_s <= 3600 (seconds)")
+        if not 0 < self.timeout_s <= 300:
+            raise ValueError("timeout_s: expected 0 < t <= 300 seconds")
+
+    def backoff(self, failed: int, jitter: float) -> float:
+        """Seconds to wait after the ``failed``-th failed attempt; ``jitter`` in [0, 1)."""
+        if failed < 1:
+            raise ValueError("failed: counts from 1")
+        if not 0 <= jitter <= 1:
+            raise ValueError("jitter: expected 0 <= j <= 1")
+        full = min(self.cap_s, self.base_s * 2 ** (failed - 1))
+        return full / 2 + full / 2 * jitter
+
+
+@dataclass(kw_only=True, slots=True)
+class AlertsConfig:
+    """Settings of the detector and the sender (``YOCO_ALERTS_*``, docs/alerts.md)."""
+
+    #: A log with entries not under a signed checkpoint older than this raises an alert.
+    checkpoint_max_age: timedelta = timedelta(hours=1)
+    retry: RetryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_max_age <= timedelta(0):
+            raise ValueError("checkpoint_max_age: must be positive")
+        if self.retry is None:
+            self.retry = RetryPolicy()
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry policy (never None after construction)."""
+        assert self.retry is not None
+        return self.retry
