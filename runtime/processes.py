@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from runtime.zygote import ForkedProcess, Zygote
 
@@ -94,6 +94,22 @@ class WorkerPool:
     def kill(self, slot: str) -> None:
         """SIGKILL ``slot``'s process."""
         self.procs[slot].kill()
+
+    def exiting(self, slot: str) -> bool:
+        """True once ``slot``'s process has started to die (see :func:`process_exiting`)."""
+        return process_exiting(self.procs[slot].pid)
+
+    def has_room(self) -> bool:
+        """One host: always room for another process."""
+        return True
+
+    def node_of(self, slot: str) -> str | None:
+        """One host: the supervisor's own (None: the caller's default)."""
+        return None
+
+    def take_node_failures(self) -> list[Any]:
+        """One host: no node is lost apart from the supervisor's own."""
+        return []
 
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for every process to end, kill the rest, close logs."""

@@ -27,6 +27,8 @@ ENV_COLLECTIVE_TIMEOUT = "YOCO_COLLECTIVE_TIMEOUT"  # seconds; overrides JobConf
 ENV_SHARDS = "YOCO_SHARDS"  # HSDP: ranks per replica group (1: plain data parallel)
 ENV_SHARD_INDEX = "YOCO_SHARD_INDEX"  # HSDP: the shard this process holds (fixed for life)
 
+ENV_NODE = "YOCO_NODE"  # the name of the node (host) the process runs on (multi-node)
+
 #: File in RUN_DIR where rank 0 notes every committed step (see checkpointing.CommittedStep).
 COMMITTED_FILE = "committed"
 
@@ -37,6 +39,31 @@ KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
 KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the benchmark)
+
+
+# ----------------------------------------------------------------- node agents
+# Multi-node: one agent per host starts its host's processes for the coordinator (which
+# runs the supervisor) and reports what happens to them, through the same store.
+KEY_AGENT_EVENTS = "agents/events"  # queue: JSON events of every agent, oldest first
+
+
+def node_info_key(rank: int) -> str:
+    """Key of node ``rank``'s registration: JSON {name, pid, pgid, machine, nproc}."""
+    return f"node/{rank}/info"
+
+
+def node_beat_key(rank: int) -> str:
+    """Key node ``rank``'s agent sets every :data:`NODE_BEAT_INTERVAL_S` (a counter)."""
+    return f"node/{rank}/beat"
+
+
+def node_requests_key(rank: int) -> str:
+    """Queue of the coordinator's requests to node ``rank``'s agent (spawn, kill)."""
+    return f"node/{rank}/req"
+
+
+#: How often an agent beats.
+NODE_BEAT_INTERVAL_S = 0.1
 
 
 def plan_key(gen: int) -> str:

@@ -33,6 +33,7 @@ from runtime.checkpointing import read_committed
 from runtime.control import default_runs_root, take_requests, write_status
 from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
+from runtime.nodepool import NodePool
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
 from runtime.processes import WorkerPool, process_exiting
 from runtime.recovery import (
@@ -105,6 +106,14 @@ class LaunchConfig:
     fork_spares: bool = True
     resume: bool = False
     host: str = "127.0.0.1"
+    # The store's port (0: any free one). Multi-node: the rendezvous port the agents use.
+    port: int = 0
+    # Multi-node (0: one host, processes started here). N: the job's processes are
+    # started by N node agents (runtime.agent), which must register within
+    # node_register_timeout_s; a node whose agent is silent for node_timeout_s is lost.
+    nodes: int = 0
+    node_timeout_s: float = 2.0
+    node_register_timeout_s: float = 300.0
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     finish_timeout_s: float = 120.0
@@ -142,6 +151,10 @@ class LaunchConfig:
             raise ConfigError("outbox_reserve_bytes must be >= 0")
         if self.max_recoveries < 1:
             raise ConfigError("max_recoveries must be >= 1")
+        if self.nodes < 0 or not 0 <= self.port < 65536:
+            raise ConfigError("nodes must be >= 0 and port in 0..65535")
+        if self.node_timeout_s <= 0 or self.node_register_timeout_s <= 0:
+            raise ConfigError("node timeouts must be > 0")
 
 
 #: Deaths this close to an unplanned failure still recovering are the same incident (a
@@ -206,8 +219,9 @@ class Supervisor:
         self.deliverer = Deliverer(self.outbox, sink, DeliveryConfig())
         self.node = socket.gethostname()
         self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.pool = WorkerPool(python=config.python, script=config.script, args=config.args,
-                               log_dir=self.run_dir / "logs")
+        self.pool: WorkerPool | NodePool = WorkerPool(
+            python=config.python, script=config.script, args=config.args,
+            log_dir=self.run_dir / "logs")
         self.gpu_of: dict[str, int] = {}
         self.shard_of: dict[str, int] = {}  # HSDP: the shard each process is built for
         # Membership: the current generation, its members and who holds their state.
@@ -253,8 +267,13 @@ class Supervisor:
                          self.signal_file,
                          f" and `{config.signal_command}`" if config.signal_command else "")
         self.policy = WarningPolicy()
-        self.store = dist.TCPStore(config.host, 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+        self.store = dist.TCPStore(config.host, config.port, is_master=True,
+                                   wait_for_workers=False, timeout=timedelta(seconds=60))
+        if config.nodes:
+            # The agents start the processes (each on its host); this waits for them.
+            self.pool = NodePool(self.store, nodes=config.nodes,
+                                 node_timeout_s=config.node_timeout_s,
+                                 register_timeout_s=config.node_register_timeout_s)
 
     # ----------------------------------------------------------------- records
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -300,7 +319,7 @@ class Supervisor:
         if not self.cfg.replenish_spares:
             return
         self.spares = [s for s in self.spares if self._alive(s)]
-        while len(self.spares) < self.cfg.spares:
+        while len(self.spares) < self.cfg.spares and self.pool.has_room():
             self.spares.append(self._spawn())
 
     def _publish(self, plan: P.Plan) -> None:
@@ -463,8 +482,9 @@ class Supervisor:
     def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
                         step: int, detail: str, detected: float) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
+        node = (self.pool.node_of(slots[0]) if slots else None) or self.node
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
-                        failure_class=failure_class.value, cause=cause, node=self.node,
+                        failure_class=failure_class.value, cause=cause, node=node,
                         gpu=gpu, step=step, detail=detail,
                         occurred_at=datetime.fromtimestamp(detected, UTC).isoformat())
         self._emit(rec)
@@ -488,7 +508,7 @@ class Supervisor:
                 continue
             rc = p.poll()
             if rc is None:
-                if not process_exiting(p.pid):
+                if not self.pool.exiting(slot):
                     continue  # alive
                 if not (self.store.check([P.left_key(slot)])
                         or self.store.check([P.finished_key(slot)])
@@ -527,6 +547,12 @@ class Supervisor:
         return True
 
     def _handle_deaths(self) -> None:
+        for nf in self.pool.take_node_failures():
+            # A whole node at once: its processes die in this pass, one incident, with
+            # the node's cause (node_lost, or hang for a silent node), dated when the
+            # node was last known alive.
+            for slot in nf.slots:
+                self.fenced[slot] = Fence(cause=nf.cause, detail=nf.detail, since=nf.since)
         dead = self._dead_members()
         if not dead:
             return
@@ -590,7 +616,10 @@ class Supervisor:
                         rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
             fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
             if fenced:
-                cause, detail = fenced[0].cause, fenced[0].detail
+                # Several fenced groups merged into one incident (two hosts lost within
+                # the merge window): the detail names each.
+                cause = fenced[0].cause
+                detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
             else:
                 rc = rcs[0][1]
                 if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
@@ -631,7 +660,7 @@ class Supervisor:
             # A death during a recovery (the spare just called in, or another member)
             # finds the spares already used: start replacements now (forked from the
             # zygote: ~0.1 s) rather than roll back while a replica holds the state.
-            while len(ready) < len(dead):
+            while len(ready) < len(dead) and self.pool.has_room():
                 extra = self._spawn()
                 log.warning("no spare left for %s: started %s", ", ".join(dead), extra)
                 self.spares.append(extra)
@@ -659,8 +688,11 @@ class Supervisor:
                     s = pool.pop(0)
                     self.spares.remove(s)
                     members.append(s)
-                else:
+                elif self.pool.has_room():
                     members.append(self._spawn())  # cold: imports torch from scratch
+                else:
+                    self._fail(f"no place left to replace {m} (every node is lost or full)")
+                    return
             plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.ROLLBACK, members=members,
                           ckpt=str(ck_path), ckpt_step=ck_step)
             rec.outcome = Outcome.ROLLED_BACK

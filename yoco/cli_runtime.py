@@ -96,7 +96,7 @@ def run(
         help="Fault to inject: kill:rank=K:step=T[:phase=P][:micro=M] (P: forward, "
              "backward, reduce (default), optimizer, checkpoint; M: the micro-batch), "
              "raise:rank=K:step=T, warn:rank=K:step=T[:signal=CAUSE], drain:rank=K:step=T, "
-             "killall:step=T."),
+             "killall:step=T, linger:rank=K:step=T[:seconds=S]."),
     signal_file: Path | None = typer.Option(
         None, "--signal-file", help="JSONL file of injected telemetry signals/readings."),
     signal_command: str | None = typer.Option(
@@ -123,6 +123,26 @@ def run(
     resume: bool = typer.Option(False, "--resume",
                                 help="Continue JOB_ID from its newest checkpoint after a "
                                      "supervisor crash, and deliver its pending records."),
+    nnodes: str | None = typer.Option(
+        None, "--nnodes", envvar="YOCO_NNODES",
+        help="Multi-node: N training nodes, or N:+S with S spare nodes (every host runs "
+             "the same command; node rank 0 also runs the coordinator)."),
+    node_rank: int | None = typer.Option(
+        None, "--node-rank", min=0,
+        help="This host's node rank (default: from SLURM_NODEID or JOB_COMPLETION_INDEX)."),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint",
+        help="HOST[:PORT] of the coordinator (node rank 0's host; port 29400 by default; "
+             "default: the first host of SLURM_JOB_NODELIST, or JOBNAME-0.SERVICE)."),
+    node_name: str | None = typer.Option(
+        None, "--node-name", help="This host's name in the records (default: host name)."),
+    nproc_per_node: int = typer.Option(
+        1, "--nproc-per-node", min=1,
+        help="Multi-node: processes (GPUs) per node; replaces --workers/--spares."),
+    node_timeout: float = typer.Option(
+        2.0, "--node-timeout", min=0.1,
+        help="Multi-node: a node whose agent has not beaten for this long is hung: it is "
+             "fenced and replaced by a spare node (cause hang)."),
 ) -> None:
     """Launch a fault-tolerant data-parallel training job (like torchrun).
 
@@ -165,6 +185,19 @@ def run(
             signal_command=signal_command, nvml=nvml, progress_interval_s=progress_every,
             fork_spares=fork_spares, resume=resume, deliver_timeout_s=deliver_timeout,
             hang_floor_s=hang_floor, hang_factor=hang_factor)
+        identity = None
+        if nnodes is not None or node_rank is not None:
+            import os
+            import socket
+
+            from runtime.identity import NodeFlags, resolve_identity
+
+            identity = resolve_identity(
+                NodeFlags(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                          node_name=node_name), os.environ, socket.gethostname())
+            if cfg.job_id is None and os.environ.get("SLURM_JOB_ID"):
+                cfg.job_id = f"slurm-{os.environ['SLURM_JOB_ID']}"
+            cfg.node_timeout_s = node_timeout
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -172,7 +205,18 @@ def run(
     from runtime.supervisor import EXIT_UNDELIVERED
 
     try:
-        result = launch(cfg)
+        if identity is not None:
+            from runtime.nodes import run_node
+
+            code, node_result = run_node(identity, cfg, nproc=nproc_per_node)
+            if node_result is None:  # an agent's host: the coordinator reports the job
+                raise typer.Exit(code)
+            result = node_result
+        else:
+            result = launch(cfg)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except OutboxError as exc:
         typer.echo(f"error: {exc}; the job was not started", err=True)
         raise typer.Exit(2) from exc

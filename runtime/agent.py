@@ -1,0 +1,198 @@
+"""The node agent: one per host. It starts and watches its host's workers and spares for
+the coordinator (the supervisor on node rank 0, :class:`runtime.nodepool.NodePool`), and
+heartbeats, all through the job's ``TCPStore`` (no transport of its own).
+
+Every host runs the same ``yoco run --nnodes N[:+S] ... SCRIPT`` (or gets its identity
+from Slurm or Kubernetes: :mod:`runtime.identity`); node rank 0 also runs the coordinator.
+The agent:
+
+* registers ``node/RANK/info`` (name, pid, process group, machine, places);
+* beats every 0.1 s (``node/RANK/beat``, a counter);
+* takes the coordinator's requests from its queue: ``spawn`` (a worker or spare process
+  of SCRIPT, forked from its spare zygote when it is ready) and ``kill``;
+* reports on the shared event queue each process it started (``started`` with its pid),
+  each one that begins to die (``exiting``: the kernel's ``PF_EXITING``, within ~1 ms of
+  a SIGKILL) and each exit status (``exit``);
+* ends when the job is shut down (the ``shutdown`` key), after its processes.
+
+Its processes share its process group, so a whole host going down (the group killed) or
+freezing (the group stopped) is what the coordinator sees as a lost or hung node.
+
+If the coordinator is lost (the store stops answering), the agent kills its processes and
+exits with :data:`EXIT_COORDINATOR_LOST`: training without a coordinator would be
+unrecorded. ``yoco run --resume`` on every host continues the job from its newest
+checkpoint, recording the loss (docs/runtime.md, "Coordinator loss").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime import protocol as P
+from runtime.errors import ConfigError
+from runtime.identity import NodeIdentity
+from runtime.nodepool import machine_id
+from runtime.processes import WorkerPool, process_exiting
+
+log = logging.getLogger("yoco.runtime.agent")
+
+#: Exit status of an agent whose coordinator was lost.
+EXIT_COORDINATOR_LOST = 4
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    """One host's agent."""
+
+    identity: NodeIdentity
+    script: str
+    args: list[str] = field(default_factory=list)
+    nproc: int = 1
+    log_dir: Path
+    python: str = ""
+    fork_spares: bool = True
+    connect_timeout_s: float = 300.0
+    # The store stopped answering for this long: the coordinator is lost.
+    coordinator_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError("nproc (processes per node) must be >= 1")
+        if not Path(self.script).is_file():
+            raise ConfigError(f"script {self.script!r} does not exist")
+        if self.connect_timeout_s <= 0 or self.coordinator_timeout_s <= 0:
+            raise ConfigError("agent timeouts must be > 0")
+
+
+class Agent:
+    """Runs one host's processes for the coordinator (see the module docstring)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        import sys
+
+        self.cfg = config
+        self.ident = config.identity
+        self.rank = config.identity.node_rank
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        self.pool = WorkerPool(python=config.python or sys.executable, script=config.script,
+                               args=config.args, log_dir=config.log_dir)
+        self.reported_exit: set[str] = set()
+        self.reported_exiting: set[str] = set()
+        self.gpu_of: dict[str, int] = {}
+        self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.stop = threading.Event()
+        self.store: Any = None
+
+    def _connect(self) -> Any:
+        deadline = time.monotonic() + self.cfg.connect_timeout_s
+        while True:
+            try:
+                return dist.TCPStore(self.ident.rdzv_host, self.ident.rdzv_port,
+                                     is_master=False,
+                                     timeout=timedelta(seconds=self.cfg.coordinator_timeout_s))
+            except (RuntimeError, dist.DistStoreError) as exc:  # not up yet
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"cannot reach the coordinator at {self.ident.rdzv_host}:"
+                                      f"{self.ident.rdzv_port}: {exc}") from exc
+                time.sleep(0.2)
+
+    def run(self) -> int:
+        """Serve the coordinator until the job ends; return the agent's exit status."""
+        self.store = self._connect()
+        self.store.set(P.node_beat_key(self.rank), "0")
+        self.store.set(P.node_info_key(self.rank), json.dumps({
+            "name": self.ident.node_name, "pid": os.getpid(), "pgid": os.getpgid(0),
+            "machine": machine_id(), "nproc": self.cfg.nproc, "host": socket.gethostname()}))
+        log.info("node %d (%s) joined the job at %s:%d with %d place(s)", self.rank,
+                 self.ident.node_name, self.ident.rdzv_host, self.ident.rdzv_port,
+                 self.cfg.nproc)
+        if self.cfg.fork_spares:
+            self.pool.start_zygote(dict(os.environ))
+        last_beat = last_shutdown = 0.0
+        failing_since: float | None = None
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                try:
+                    self._serve_requests()
+                    self._report()
+                    if now - last_beat >= P.NODE_BEAT_INTERVAL_S:
+                        last_beat = now
+                        self.store.add(P.node_beat_key(self.rank), 1)
+                    if now - last_shutdown >= 0.05:
+                        last_shutdown = now
+                        if self.store.check([P.KEY_SHUTDOWN]):
+                            break
+                    failing_since = None
+                except (RuntimeError, dist.DistStoreError) as exc:
+                    failing_since = failing_since or now
+                    if now - failing_since > self.cfg.coordinator_timeout_s:
+                        log.error("node %s: the coordinator is lost (%s): stopping this "
+                                  "node's processes; `yoco run --resume` continues the job",
+                                  self.ident.node_name, exc)
+                        self._kill_all()
+                        return EXIT_COORDINATOR_LOST
+                time.sleep(0.005)
+        finally:
+            self.pool.shutdown()
+        with_errors = [s for s, p in self.pool.procs.items() if p.poll() not in (0, None)]
+        if with_errors:
+            log.info("node %s: processes that did not exit 0: %s", self.ident.node_name,
+                     ", ".join(with_errors))
+        return 0
+
+    def _kill_all(self) -> None:
+        for p in self.pool.procs.values():
+            if p.poll() is None:
+                p.kill()
+
+    def _serve_requests(self) -> None:
+        key = P.node_requests_key(self.rank)
+        n = int(self.store.queue_len(key))
+        for _ in range(n):
+            req = json.loads(self.store.queue_pop(key, False))
+            slot = str(req["slot"])
+            if req["op"] == "spawn":
+                self._spawn(slot, dict(req.get("env", {})))
+            elif req["op"] == "kill" and slot in self.pool.procs:
+                self.pool.kill(slot)
+
+    def _spawn(self, slot: str, delta: dict[str, str]) -> None:
+        env = {**os.environ, **delta, P.ENV_NODE: self.ident.node_name}
+        if self.ngpu:
+            busy = {self.gpu_of[s] for s, p in self.pool.procs.items()
+                    if s in self.gpu_of and p.poll() is None}
+            self.gpu_of[slot] = min(set(range(self.ngpu)) - busy, default=0)
+            env[P.ENV_DEVICE] = f"cuda:{self.gpu_of[slot]}"
+        else:
+            env[P.ENV_DEVICE] = "cpu"
+        self.pool.spawn(slot, env)
+        self._event({"kind": "started", "slot": slot, "pid": self.pool.procs[slot].pid})
+
+    def _report(self) -> None:
+        for slot, p in self.pool.procs.items():
+            if slot in self.reported_exit:
+                continue
+            rc = p.poll()
+            if rc is not None:
+                self.reported_exit.add(slot)
+                self._event({"kind": "exit", "slot": slot, "rc": rc})
+            elif slot not in self.reported_exiting and process_exiting(p.pid):
+                self.reported_exiting.add(slot)
+                self._event({"kind": "exiting", "slot": slot})
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        ev["node"] = self.ident.node_name
+        self.store.queue_push(P.KEY_AGENT_EVENTS, json.dumps(ev))

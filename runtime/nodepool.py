@@ -1,0 +1,282 @@
+"""The coordinator's view of the job's processes across hosts: a drop-in for
+:class:`runtime.processes.WorkerPool` whose processes are started and watched by the node
+agents (:mod:`runtime.agent`), one per host, through the job's ``TCPStore``.
+
+The coordinator (the supervisor on node rank 0) asks an agent to start or kill a process
+(a queue per node); agents report every start, every process that begins to die
+(``PF_EXITING``) and every exit status on one shared event queue, and beat every 0.1 s.
+A node whose agent is gone (its process group killed: power, kernel panic) or silent for
+``node_timeout_s`` (frozen, partitioned) is *lost*: every process on it counts as dead at
+once, with the cause ``node_lost`` or ``hang``, and a silent node is fenced (its processes
+killed where this machine can reach them; elsewhere the next generation excludes them:
+a process that wakes up finds itself in no plan and leaves).
+
+Placement: each node runs up to ``nproc`` processes (one per GPU). A new process goes to
+the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` processes
+(the workers) fill the training nodes in rank order and the spares fill the spare nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import protocol as P
+from runtime.errors import ConfigError
+from runtime.processes import process_exiting
+
+log = logging.getLogger("yoco.runtime.nodepool")
+
+
+def machine_id() -> str:
+    """This machine's identity (processes on the same machine can be signalled)."""
+    for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
+        with contextlib.suppress(OSError), open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    return os.uname().nodename
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeFailure:
+    """A whole node lost at once: what the supervisor records as one incident."""
+
+    node: str
+    cause: str  # node_lost (its agent is gone) or hang (silent)
+    detail: str
+    slots: list[str]
+    since: float  # when it was last known alive (the failure's date)
+
+
+@dataclass(kw_only=True, slots=True)
+class Node:
+    """One host as the coordinator sees it."""
+
+    rank: int
+    name: str
+    pid: int
+    pgid: int
+    machine: str
+    nproc: int
+    beat: int = -1
+    beat_seen: float = field(default_factory=time.time)
+    lost: str | None = None  # the cause once lost
+
+    @property
+    def reachable(self) -> bool:
+        """True when the node's processes run on this machine (they can be signalled)."""
+        return self.machine == machine_id()
+
+
+class RemoteProcess:
+    """A process on some node, with the part of ``subprocess.Popen``'s interface the
+    supervisor uses (``pid``, ``poll``, ``wait``, ``kill``, ``returncode``)."""
+
+    def __init__(self, pool: NodePool, slot: str, node: Node) -> None:
+        self._pool = pool
+        self.slot = slot
+        self.node = node
+        self.pid = 0
+        self.returncode: int | None = None
+        self.exiting = False
+
+    def poll(self) -> int | None:
+        """The exit status once known (-9 for a process of a lost node), else None."""
+        self._pool.refresh()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status; raise ``subprocess.TimeoutExpired`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.slot, timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the process (through its agent; directly too when reachable)."""
+        if self.returncode is not None:
+            return
+        self._pool.request(self.node, {"op": "kill", "slot": self.slot})
+        if self.node.reachable and self.pid:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class NodePool:
+    """Every process of a multi-node job, by slot (see the module docstring)."""
+
+    def __init__(self, store: Any, *, nodes: int, node_timeout_s: float,
+                 register_timeout_s: float = 300.0) -> None:
+        if nodes < 1 or node_timeout_s <= 0:
+            raise ConfigError("a node pool needs nodes >= 1 and node_timeout_s > 0")
+        self.store = store
+        self.node_timeout_s = node_timeout_s
+        self.procs: dict[str, RemoteProcess] = {}
+        self.nodes = self._wait_for_agents(nodes, register_timeout_s)
+        self.zygote = None
+        self._next_slot = 0
+        self._last_refresh = 0.0
+        self._last_beats = 0.0
+        self._failures: list[NodeFailure] = []
+        self._closing = False
+
+    def _wait_for_agents(self, n: int, timeout: float) -> list[Node]:
+        deadline = time.monotonic() + timeout
+        nodes: list[Node] = []
+        for rank in range(n):
+            key = P.node_info_key(rank)
+            while not self.store.check([key]):
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"node {rank}'s agent did not register within "
+                                      f"{timeout:.0f} s (is `yoco run` running there?)")
+                time.sleep(0.05)
+            info = json.loads(self.store.get(key))
+            nodes.append(Node(rank=rank, name=info["name"], pid=int(info["pid"]),
+                              pgid=int(info["pgid"]), machine=info["machine"],
+                              nproc=int(info["nproc"])))
+            log.info("node %d (%s) registered: %d place(s)", rank, info["name"], info["nproc"])
+        return nodes
+
+    # ----------------------------------------------------------------- WorkerPool API
+    def next_slot(self) -> str:
+        """Reserve and return the next slot name."""
+        slot = f"w{self._next_slot}"
+        self._next_slot += 1
+        return slot
+
+    @property
+    def started(self) -> int:
+        """How many slots were handed out so far."""
+        return self._next_slot
+
+    def start_zygote(self, env: Any) -> None:
+        """Each agent runs its own spare zygote: nothing to do here."""
+
+    def has_room(self) -> bool:
+        """True when some live node has a free place."""
+        return self._place() is not None
+
+    def _place(self) -> Node | None:
+        for node in self.nodes:
+            if node.lost is None and sum(
+                    1 for p in self.procs.values()
+                    if p.node is node and p.returncode is None) < node.nproc:
+                return node
+        return None
+
+    def spawn(self, slot: str, env: dict[str, str]) -> None:
+        """Start ``slot`` on the first live node with a free place."""
+        node = self._place()
+        if node is None:
+            raise ConfigError(f"no node has a free place for {slot}")
+        delta = {k: v for k, v in env.items() if k.startswith("YOCO_") and
+                 os.environ.get(k) != v}
+        self.procs[slot] = RemoteProcess(self, slot, node)
+        self.request(node, {"op": "spawn", "slot": slot, "env": delta})
+
+    def request(self, node: Node, req: dict[str, Any]) -> None:
+        """Queue ``req`` for ``node``'s agent."""
+        if node.lost is None:
+            self.store.queue_push(P.node_requests_key(node.rank), json.dumps(req))
+
+    def node_of(self, slot: str) -> str | None:
+        """The name of the node ``slot`` runs on."""
+        p = self.procs.get(slot)
+        return p.node.name if p is not None else None
+
+    def alive(self, slot: str) -> bool:
+        """True while ``slot`` runs and is not being torn down."""
+        p = self.procs.get(slot)
+        return p is not None and p.poll() is None and not p.exiting
+
+    def exiting(self, slot: str) -> bool:
+        """True once ``slot`` has started to die (its agent saw PF_EXITING) or is dead."""
+        p = self.procs[slot]
+        return p.poll() is not None or p.exiting
+
+    def kill(self, slot: str) -> None:
+        """SIGKILL ``slot``'s process."""
+        self.procs[slot].kill()
+
+    def take_node_failures(self) -> list[NodeFailure]:
+        """Nodes found lost since the last call (each is one incident)."""
+        self.refresh()
+        out, self._failures = self._failures, []
+        return out
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Wait up to ``grace_s`` for every process to end (the supervisor has set the
+        shutdown key, which ends every agent), then kill the rest."""
+        self._closing = True  # agents now end on purpose: no node is lost any more
+        deadline = time.monotonic() + grace_s
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(deadline - time.monotonic(), 0.05))
+            if p.returncode is None:
+                p.kill()
+
+    # ----------------------------------------------------------------- events
+    def refresh(self) -> None:
+        """Read the agents' events and heartbeats (at most every 5 ms / 50 ms)."""
+        now = time.monotonic()
+        if now - self._last_refresh < 0.005:
+            return
+        self._last_refresh = now
+        n = int(self.store.queue_len(P.KEY_AGENT_EVENTS))
+        for _ in range(n):
+            self._apply(json.loads(self.store.queue_pop(P.KEY_AGENT_EVENTS, False)))
+        if now - self._last_beats >= 0.05 and not self._closing:
+            self._last_beats = now
+            self._check_nodes()
+
+    def _apply(self, ev: dict[str, Any]) -> None:
+        p = self.procs.get(str(ev.get("slot")))
+        if p is None or p.returncode is not None:
+            return
+        if ev["kind"] == "started":
+            p.pid = int(ev["pid"])
+        elif ev["kind"] == "exiting":
+            p.exiting = True
+        elif ev["kind"] == "exit":
+            p.returncode = int(ev["rc"])
+
+    def _check_nodes(self) -> None:
+        live = [n for n in self.nodes if n.lost is None]
+        if not live:
+            return
+        beats = self.store.multi_get([P.node_beat_key(n.rank) for n in live])
+        now = time.time()
+        for node, raw in zip(live, beats, strict=True):
+            beat = int(raw)
+            if beat != node.beat:
+                node.beat, node.beat_seen = beat, now
+            if node.reachable and process_exiting(node.pid):
+                self._lose(node, "node_lost", f"node {node.name} lost: its agent "
+                           f"(pid {node.pid}) and its processes are gone", node.beat_seen)
+            elif now - node.beat_seen > self.node_timeout_s:
+                self._lose(node, "hang", f"node {node.name} silent for "
+                           f"{now - node.beat_seen:.1f} s (no heartbeat): fenced", node.beat_seen)
+
+    def _lose(self, node: Node, cause: str, detail: str, since: float) -> None:
+        node.lost = cause
+        slots = [p.slot for p in self.procs.values()
+                 if p.node is node and p.returncode is None]
+        log.error("%s; its processes: %s", detail, ", ".join(slots) or "none")
+        if node.reachable and node.pgid != os.getpgid(0):
+            # Fence: nothing of it may run on (a stopped host that resumes). Never this
+            # process's own group (the coordinator's host: its agent is a thread here).
+            with contextlib.suppress(OSError):
+                os.killpg(node.pgid, signal.SIGKILL)
+        for slot in slots:
+            self.procs[slot].returncode = -signal.SIGKILL
+        self._failures.append(NodeFailure(node=node.name, cause=cause, detail=detail,
+                                          slots=slots, since=since))

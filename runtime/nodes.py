@@ -1,0 +1,57 @@
+"""Running one host of a multi-node job: what ``yoco run --nnodes ...`` does on each host.
+
+Every host runs its node agent (:mod:`runtime.agent`); node rank 0 also runs the
+coordinator -- the supervisor (:mod:`runtime.supervisor`) with a
+:class:`runtime.nodepool.NodePool` -- which owns the store (on the rendezvous endpoint),
+membership, generations, plans and the outbox. The run folder ``RUNS_ROOT/JOB`` is the
+coordinator's; each agent keeps its processes' logs in ``RUNS_ROOT/JOB/logs/NODE/``.
+Rank 0's worker notes each committed step in ``RUNS_ROOT/JOB/committed`` on its own host:
+for ``--resume`` after a coordinator loss the run folder must be on storage shared by the
+hosts (as a checkpoint folder must be), see docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+
+from runtime.agent import Agent, AgentConfig
+from runtime.control import default_runs_root
+from runtime.errors import ConfigError
+from runtime.identity import NodeIdentity
+from runtime.sink import RecordSink
+from runtime.supervisor import JobResult, LaunchConfig, launch
+
+log = logging.getLogger("yoco.runtime.nodes")
+
+
+def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
+             sink: RecordSink | None = None) -> tuple[int, JobResult | None]:
+    """Run this host's part of the job described by ``config`` (its script, contract,
+    job id, checkpointing, faults...; ``workers``/``spares``/``host``/``port``/``nodes``
+    are derived from ``identity`` and ``nproc``, processes per node).
+
+    Returns the exit status and, on the coordinator's host, the job's result.
+    """
+    if not config.job_id:
+        raise ConfigError("a multi-node job needs --job-id: every host must name the same "
+                          "job (under Slurm it defaults to slurm-$SLURM_JOB_ID)")
+    run_dir = Path(config.runs_root or default_runs_root()) / config.job_id
+    agent = Agent(AgentConfig(identity=identity, script=config.script, args=config.args,
+                              nproc=nproc, log_dir=run_dir / "logs" / identity.node_name,
+                              python=config.python, fork_spares=config.fork_spares))
+    if not identity.is_coordinator:
+        return agent.run(), None
+    box: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: box.__setitem__("rc", agent.run()),
+                              name="yoco-agent", daemon=True)
+    thread.start()
+    cfg = dataclasses.replace(
+        config, nodes=identity.total_nodes, host=identity.rdzv_host,
+        port=identity.rdzv_port, workers=identity.nnodes * nproc,
+        spares=identity.spare_nodes * nproc)
+    result = launch(cfg, sink)
+    thread.join(timeout=30)
+    return result.exit_code, result

@@ -1,0 +1,259 @@
+"""Several node agents on one machine, each a "host" with its own name and process group
+(``setsid``): whole-node loss (SIGKILL of the group), a frozen node (SIGSTOP of the
+group), a spare node lost before it is called in, and the coordinator lost. Real
+processes, real signals, the real ``yoco run`` command line on every host."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.sink import JsonlFileSink
+from runtime.state import split_state
+from runtime.supervisor import LaunchConfig, launch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
+STEPS = 24
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """``yoco run`` on NODES "hosts" (hostK), each in a process group of its own."""
+
+    def __init__(self, tmp: Path, *, nnodes: str, nproc: int, steps: int = STEPS,
+                 sleep: float = 0.2, extra: tuple[str, ...] = ()) -> None:
+        self.tmp = tmp
+        self.port = _free_port()
+        self.sink = tmp / "records.jsonl"
+        self.out = tmp / "final.pt"
+        n, _, s = nnodes.partition(":+")
+        self.total = int(n) + int(s or 0)
+        self.args = ["--nnodes", nnodes, "--nproc-per-node", str(nproc),
+                     "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--job-id", "mn",
+                     "--runs-root", str(tmp / "runs"), "--sink", f"jsonl:{self.sink}",
+                     "--no-nvml", "--progress-every", "0.2", "--checkpoint-every", "5",
+                     *extra]
+        self.script_args = [EXAMPLE, "--steps", str(steps), "--step-sleep", str(sleep),
+                            "--out", str(self.out)]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, k: int, *more: str) -> None:
+        """Start host k's ``yoco run`` (more: options such as --resume)."""
+        log = (self.tmp / f"host{k}.log").open("ab")
+        self.procs[k] = subprocess.Popen(
+            [sys.executable, "-m", "yoco.cli_runtime", "run", *self.args, *more,
+             "--node-rank", str(k), "--node-name", f"host{k}", *self.script_args],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_all(self, *more: str) -> None:
+        """Start every host."""
+        for k in range(self.total):
+            self.start(k, *more)
+
+    def records(self) -> list[dict[str, Any]]:
+        """What the sink has received."""
+        return JsonlFileSink(self.sink).read_all() if self.sink.exists() else []
+
+    def wait_for(self, pred: Any, what: str, timeout: float = 180) -> None:
+        """Wait until ``pred(records)`` holds."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if pred(self.records()):
+                return
+            time.sleep(0.1)
+        pytest.fail(f"timed out waiting for {what}; logs:\n{self.logs()}")
+
+    def progress_at(self, step: int) -> None:
+        """Wait until rank 0 has reported step ``step`` (outbox progress records)."""
+        outbox = self.tmp / "runs" / "mn" / "outbox" / "records.jsonl"
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if outbox.exists():
+                steps = [json.loads(ln).get("step", -1) for ln in outbox.read_text().splitlines()
+                         if '"job_progress"' in ln]
+                if steps and max(steps) >= step:
+                    return
+            time.sleep(0.05)
+        pytest.fail(f"never reached step {step}; logs:\n{self.logs()}")
+
+    def signal_host(self, k: int, sig: int) -> None:
+        """Send ``sig`` to host k's whole process group (the agent and its processes)."""
+        os.killpg(self.procs[k].pid, sig)
+
+    def wait(self, k: int, timeout: float = 240) -> int:
+        """Host k's exit status."""
+        try:
+            return self.procs[k].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"host{k} did not end; logs:\n{self.logs()}")
+
+    def logs(self) -> str:
+        """Every host's log, for failure messages."""
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
+                         for p in sorted(self.tmp.glob("host*.log")))
+
+    def close(self) -> None:
+        """Kill whatever is left."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                with _suppress():
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+
+
+def _reference(tmp: Path, workers: int) -> Path:
+    out = tmp / f"ref{workers}.pt"
+    cfg = LaunchConfig(script=EXAMPLE, args=["--steps", str(STEPS), "--out", str(out)],
+                       workers=workers, spares=0, job_id=f"ref{workers}",
+                       runs_root=str(tmp / "runs"), nvml=False)
+    assert launch(cfg, JsonlFileSink(tmp / f"ref{workers}.jsonl")).exit_code == 0
+    return out
+
+
+def _assert_identical(a: Path, b: Path) -> None:
+    sa, sb = torch.load(a), torch.load(b)
+    assert sa["step"] == sb["step"] == STEPS
+    ta = split_state({"m": sa["model"], "o": sa["optimizer"]})[1]
+    tb = split_state({"m": sb["model"], "o": sb["optimizer"]})[1]
+    assert len(ta) == len(tb) and all(torch.equal(x, y) for x, y in zip(ta, tb, strict=True))
+
+
+def _incidents(recs: list[dict[str, Any]]) -> list[tuple[str, str, str, str, int]]:
+    outcomes = {r["failure_event_id"]: r for r in recs if r["kind"] == "outcome"}
+    assert len(outcomes) == sum(r["kind"] == "outcome" for r in recs)  # one per failure
+    return [(r["node"], r["failure_class"], r["cause"], outcomes[r["event_id"]]["outcome"],
+             outcomes[r["event_id"]]["lost_steps"]) for r in recs if r["kind"] == "failure"]
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Any:
+    made: list[Cluster] = []
+
+    def make(**kw: Any) -> Cluster:
+        c = Cluster(tmp_path, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_whole_node_loss_is_one_incident_naming_the_node(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    # Two training hosts with two ranks each, one spare host with two spares: host1 (two
+    # ranks of the job) loses power mid-training -- its agent and workers at once.
+    ref = _reference(tmp_path, workers=4)
+    c = cluster_factory(nnodes="2:+1", nproc=2)
+    c.start_all()
+    c.progress_at(6)
+    c.signal_host(1, signal.SIGKILL)
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    assert _incidents(recs) == [("host1", "unplanned", "node_lost", "live_migrated", 0)]
+    assert recs[0]["kind"] == "job_started" and recs[0]["gpus"] == 4
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    _assert_identical(ref, c.out)
+    assert c.wait(2) == 0  # the spare host served and ended normally
+
+
+def test_a_frozen_node_is_fenced_as_hung_and_replaced(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    ref = _reference(tmp_path, workers=2)
+    c = cluster_factory(nnodes="2:+1", nproc=1)
+    c.start_all()
+    c.progress_at(6)
+    c.signal_host(1, signal.SIGSTOP)  # the whole host freezes
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    assert _incidents(recs) == [("host1", "unplanned", "hang", "live_migrated", 0)]
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert "silent" in fail["detail"]
+    _assert_identical(ref, c.out)
+    # Fenced: the frozen host's processes were killed (reachable on this machine).
+    assert c.wait(1, timeout=30) == -signal.SIGKILL
+
+
+def test_a_spare_node_lost_before_it_is_called_in(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    # The spare host dies first (nothing of the job runs there: no failure of the job);
+    # a training host lost later has no spare node left: rollback to the checkpoint.
+    c = cluster_factory(nnodes="2:+1", nproc=1)
+    c.start_all()
+    c.progress_at(3)
+    c.signal_host(2, signal.SIGKILL)
+    c.progress_at(12)
+    c.signal_host(1, signal.SIGKILL)
+    code = c.wait(0)
+    recs = c.records()
+    incidents = _incidents(recs)
+    assert len(incidents) == 1, c.logs()
+    node, klass, cause, outcome, _lost = incidents[0]
+    assert (node, klass, cause) == ("host1", "unplanned", "node_lost")
+    # No place is left for host1's rank (the spare host is gone, host0 is full): the job
+    # cannot go on at its width, which is recorded as failed.
+    assert (outcome, code) == ("failed", 1), c.logs()
+    assert recs[-1]["kind"] == "job_finished"
+
+
+def test_coordinator_loss_stops_cleanly_and_resume_loses_no_record(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    # host0 (the coordinator and its agent) is killed. The other agents see the store go,
+    # stop their processes (training unrecorded is not allowed) and exit 4; `yoco run
+    # --resume` on every host continues from the newest checkpoint, recording the loss
+    # with the true lost steps; every record reaches the sink exactly once.
+    ref = _reference(tmp_path, workers=2)
+    c = cluster_factory(nnodes="2:+1", nproc=1)
+    c.start_all()
+    c.progress_at(8)
+    c.signal_host(0, signal.SIGKILL)
+    assert c.wait(1, timeout=120) == 4, c.logs()
+    assert c.wait(2, timeout=120) == 4, c.logs()
+    c.start_all("--resume")
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    ids = [r["event_id"] for r in recs]
+    assert len(ids) == len(set(ids))
+    outbox = tmp_path / "runs" / "mn" / "outbox" / "records.jsonl"
+    assert sorted(ids) == sorted(json.loads(ln)["event_id"]
+                                 for ln in outbox.read_text().splitlines())
+    fails = [r for r in recs if r["kind"] == "failure"]
+    assert [f["cause"] for f in fails] == ["supervisor_lost"]
+    outcome = next(r for r in recs if r["kind"] == "outcome")
+    committed = fails[0]["step"]
+    assert committed >= 8
+    assert outcome["outcome"] == "rolled_back"
+    # The newest checkpoint: the last multiple of 5 (or the one before, if the last one's
+    # asynchronous write had not finished when host0 died).
+    assert outcome["lost_steps"] in (committed % 5, committed % 5 + 5)
+    assert [r["kind"] for r in recs].count("job_started") == 1
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    _assert_identical(ref, c.out)
