@@ -257,3 +257,22 @@ def test_coordinator_loss_stops_cleanly_and_resume_loses_no_record(
     assert [r["kind"] for r in recs].count("job_started") == 1
     assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
     _assert_identical(ref, c.out)
+
+
+def test_two_nodes_lost_100_ms_apart(tmp_path: Path, cluster_factory: Any) -> None:
+    # Two of three training hosts go down 100 ms apart; two spare hosts take their ranks.
+    # Deaths within the merge window are one incident: one failure (the first host in
+    # `node`, both hosts in `detail`) and one outcome.
+    ref = _reference(tmp_path, workers=3)
+    c = cluster_factory(nnodes="3:+2", nproc=1)
+    c.start_all()
+    c.progress_at(6)
+    c.signal_host(1, signal.SIGKILL)
+    time.sleep(0.1)
+    c.signal_host(2, signal.SIGKILL)
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    assert _incidents(recs) == [("host1", "unplanned", "node_lost", "live_migrated", 0)]
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert "host1" in fail["detail"] and "host2" in fail["detail"], fail
+    _assert_identical(ref, c.out)
