@@ -38,6 +38,9 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
     if not config.job_id:
         raise ConfigError("a multi-node job needs --job-id: every host must name the same "
                           "job (under Slurm it defaults to slurm-$SLURM_JOB_ID)")
+    if config.shards > 1:
+        raise ConfigError("HSDP (--shards) across hosts is not supported yet: run it on "
+                          "one host, or plain data parallelism across hosts")
     run_dir = Path(config.runs_root or default_runs_root()) / config.job_id
     agent = Agent(AgentConfig(identity=identity, script=config.script, args=config.args,
                               nproc=nproc, log_dir=run_dir / "logs" / identity.node_name,
