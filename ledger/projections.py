@@ -158,6 +158,8 @@ def _project_jobs(session: Session, entries: Sequence[ProjectedEntry]) -> list[P
                     "gpus": int(e.body["gpus"]),
                     "started_at": e.occurred_at,
                     "start_seq": e.seq,
+                    "finished_at": None,
+                    "finish_event_id": None,
                 }
             )
         else:
@@ -172,8 +174,20 @@ def _project_jobs(session: Session, entries: Sequence[ProjectedEntry]) -> list[P
             closes.append({"sid": closing, "at": e.occurred_at, "fid": e.event_id})
     if errors:
         return errors
+    # A span opened and closed in this batch is written closed: one row, not an
+    # INSERT then an UPDATE (a replay holds whole years of jobs in a batch).
+    opened = {row["start_event_id"]: row for row in inserts}
+    still_open = []
+    for close in closes:
+        row = opened.get(close["sid"])
+        if row is None:
+            still_open.append(close)
+        else:
+            row["finished_at"] = close["at"]
+            row["finish_event_id"] = close["fid"]
+    closes = still_open
     if inserts:
-        session.execute(pg_insert(JobSpan), inserts)
+        copy_dicts(session, "job_spans", inserts)
     if closes:
         session.execute(
             text(
@@ -190,8 +204,9 @@ def _project_failures(session: Session, entries: Sequence[ProjectedEntry]) -> li
     refs = [e for e in entries if e.kind in ("outcome", "exclusion")]
     errors: list[ProjectionError] = []
     if failures:
-        session.execute(
-            pg_insert(Failure),
+        copy_dicts(
+            session,
+            "failures",
             [
                 {
                     "event_id": e.event_id,
