@@ -45,6 +45,25 @@ def latest(session: Session, log_id: str) -> Checkpoint | None:
     ).scalar_one_or_none()
 
 
+def at_size(session: Session, log_id: str, tree_size: int) -> Checkpoint | None:
+    """The checkpoint of ``log_id`` signed at ``tree_size``, if any."""
+    return session.execute(
+        select(Checkpoint).where(Checkpoint.log_id == log_id, Checkpoint.tree_size == tree_size)
+    ).scalar_one_or_none()
+
+
+def signed_sizes(session: Session, log_id: str) -> list[int]:
+    """The tree sizes of ``log_id``'s signed checkpoints, smallest first (for the error
+    that names a size nobody signed)."""
+    return list(
+        session.execute(
+            select(Checkpoint.tree_size)
+            .where(Checkpoint.log_id == log_id)
+            .order_by(Checkpoint.tree_size)
+        ).scalars()
+    )
+
+
 def covering(session: Session, log_id: str, seq: int) -> Checkpoint | None:
     """The latest checkpoint of ``log_id`` whose tree contains entry ``seq``."""
     cp = latest(session, log_id)

@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import merkle, tiles
+from ledger import checkpoints, merkle, tiles
 from ledger.errors import LedgerError, UnknownContract, VerificationFailed
 from ledger.models import Checkpoint, JournalEntry, LedgerLog
 
@@ -57,17 +57,12 @@ def find_checkpoint(session: Session, contract_id: str, tree_size: int | None) -
     """
     if session.get(LedgerLog, contract_id) is None:
         raise UnknownContract(f"unknown contract {contract_id!r}")
-    q = select(Checkpoint).where(Checkpoint.log_id == contract_id)
     if tree_size is None:
-        cp = session.execute(q.order_by(Checkpoint.tree_size.desc()).limit(1)).scalar()
+        cp = checkpoints.latest(session, contract_id)
     else:
-        cp = session.execute(q.where(Checkpoint.tree_size == tree_size)).scalar()
+        cp = checkpoints.at_size(session, contract_id, tree_size)
     if cp is None:
-        sizes = session.execute(
-            select(Checkpoint.tree_size)
-            .where(Checkpoint.log_id == contract_id)
-            .order_by(Checkpoint.tree_size)
-        ).scalars()
+        sizes = checkpoints.signed_sizes(session, contract_id)
         listed = ", ".join(str(s) for s in sizes) or "none: run `yoco ledger checkpoint`"
         what = "signed checkpoint" + ("" if tree_size is None else f" of size {tree_size}")
         raise NoSuchCheckpoint(f"contract {contract_id!r} has no {what} (signed sizes: {listed})")

@@ -49,7 +49,7 @@ from billing.terms import Terms
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import latest
+from ledger.checkpoints import at_size, latest, signed_sizes
 from ledger.contracts import list_contracts
 from ledger.models import Checkpoint, JournalEntry
 from ledger.records import ContractSpec
@@ -140,18 +140,9 @@ def select_checkpoint(
         return cp
     if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 1:
         raise UnknownCheckpoint(f"a checkpoint is named by its tree size (> 0), got {tree_size!r}")
-    cp = session.execute(
-        select(Checkpoint).where(
-            Checkpoint.log_id == contract_id, Checkpoint.tree_size == tree_size
-        )
-    ).scalar_one_or_none()
+    cp = at_size(session, contract_id, tree_size)
     if cp is None:
-        sizes = session.execute(
-            select(Checkpoint.tree_size)
-            .where(Checkpoint.log_id == contract_id)
-            .order_by(Checkpoint.tree_size)
-        ).scalars()
-        listed = ", ".join(str(s) for s in sizes) or "none"
+        listed = ", ".join(str(s) for s in signed_sizes(session, contract_id)) or "none"
         raise UnknownCheckpoint(
             f"contract {contract_id!r} has no signed checkpoint of tree size {tree_size} "
             f"(signed sizes: {listed})"
