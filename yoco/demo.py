@@ -143,7 +143,9 @@ def run_training_job(ctx: App, console: Console, contract_id: str) -> str | None
         contract_id=contract_id,
         checkpoint_every=10,
         runs_root=str(runs),
-        sink=SinkSpec(target="yoco.sink:ledger_sink", kwargs={"database_url": ctx.database.url}),
+        # The sink logs in as its own role (yoco_sink), like `yoco run`.
+        sink=SinkSpec(target="yoco.sink:ledger_sink",
+                      kwargs={"database_url": ctx.database.sink_url}),
         faults=[parse_fault(f) for f in faults],
         nvml=False,
         progress_interval_s=1.0,
