@@ -119,7 +119,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 @pytest.mark.parametrize(
-    "package", ["web", "reports", "billing", "ledger", "runtime", "adapters", "yoco"]
+    "package",
+    ["web", "reports", "alerts", "billing", "ledger", "runtime", "adapters", "yoco"],
 )
 def test_modules_of_a_package_import_each_other_without_a_cycle(package: str) -> None:
     modules = _modules(package)
