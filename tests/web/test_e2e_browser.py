@@ -285,6 +285,7 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
         ("op", "disputes", "/operator/disputes", "/operator/disputes"),
         ("op", "years", "/operator/years", "/operator/years"),
         ("op", "risk", "/operator/risk", "/operator/risk"),
+        ("op", "alerts", "/operator/alerts", "/operator/alerts"),
         ("op", "year-close", "/operator/years/confirm?contract_id=C-OLD&year=1",
          "/operator/years/confirm"),
         ("op", "dashboard-ended-year", "/contracts/C-OLD?year=1", ""),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from web.routers import (
+    alerts,
     api_checkpoints,
     api_contracts,
     api_docs,
@@ -32,6 +33,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     checkpoints.router,
     operator.router,
     risk.router,
+    alerts.router,
     finance.router,
     api_docs.router,
     api_contracts.router,
