@@ -38,5 +38,5 @@ def alerts_page(
         request,
         "alerts.html",
         {"destinations": dests, "deliveries": log, "events": recent, "status": status,
-         "failed": failed, "section": "operator"},
+         "failed": failed, "section": "alerts"},
     )
