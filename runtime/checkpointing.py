@@ -22,10 +22,14 @@ class Checkpointer:
     """Periodic, asynchronous, atomically written checkpoints of one replica."""
 
     def __init__(self, *, every: int, directory: Path, store: dist.Store,
-                 before_rename: Callable[[int], None] | None = None) -> None:
+                 before_rename: Callable[[int], None] | None = None,
+                 shard: tuple[int, int] | None = None) -> None:
         self.every = every
         self._store = store
-        self._writer = CheckpointWriter(directory, self._published, before_rename)
+        # HSDP: shard k of S; the supervisor finds whole checkpoints in the directory
+        # (every shard renamed into place), not through the store.
+        self._shard = shard
+        self._writer = CheckpointWriter(directory, self._published, before_rename, shard)
 
     def due(self, step: int) -> bool:
         """True when committed step ``step`` is to be checkpointed."""
@@ -40,6 +44,8 @@ class Checkpointer:
         self._writer.wait()
 
     def _published(self, step: int, path: Path) -> None:
+        if self._shard is not None:
+            return
         self._store.set(P.KEY_CKPT, json.dumps({"step": step, "path": str(path)}))
 
     @staticmethod

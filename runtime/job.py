@@ -44,6 +44,7 @@ from runtime.hsdp import (
 from runtime.membership import Membership
 from runtime.proc import set_parent_death_signal
 from runtime.reduction import GradientReducer, stack_sparse, unstack_sparse
+from runtime.state import SHARD_PLACEHOLDER
 from runtime.transfer import StateTransfer
 
 __all__ = ["Job", "JobConfig", "local_device", "stack_sparse", "unstack_sparse"]
@@ -166,7 +167,9 @@ class Job:
                     every=self.config.checkpoint_every,
                     directory=Path(self.config.checkpoint_dir), store=self._m.store,
                     before_rename=lambda step: faults.during_checkpoint(step=step,
-                                                                        rank=self.rank))
+                                                                        rank=self.rank),
+                    shard=(self._elastic.rank(), self.shards) if self._elastic is not None
+                    and self.shards > 1 else None)
         self._was_member = False
         self._move_seen = False
         self._sampler_snapshot: Any = None
@@ -413,6 +416,9 @@ class Job:
     def _after_commit(self, seconds: float) -> None:
         assert self._m is not None
         self._step_times.append(seconds)
+        # Checkpoint writers: rank 0; with HSDP every rank of replica group 0, its shard.
+        if self._ckpt is not None and self.rank < self.shards and self._ckpt.due(self.step):
+            self._ckpt.submit(self.state_dict(), self.step)
         if self.rank != 0:
             return
         if self._committed is not None:
@@ -426,8 +432,6 @@ class Job:
                                              "step_seconds": seconds}
             self._m.mark(P.ready_key(self.gen), json.dumps(timing))
             self._regroup_timing = None
-        if self._ckpt is not None and self._ckpt.due(self.step):
-            self._ckpt.submit(self.state_dict(), self.step)
 
     def _complete_transfer(self) -> None:
         assert self._transfer is not None
@@ -480,7 +484,8 @@ class Job:
                     continue
             self._regroup_timing = {"seen": t_seen, "pg": t_pg, "synced": t_sync,
                                     "bytes": moved, "mode_" + plan.mode: 1.0}
-            if plan.mode == P.PlanMode.START and self._ckpt is not None and self.rank == 0 \
+            if plan.mode == P.PlanMode.START and self._ckpt is not None \
+                    and self.rank < self.shards \
                     and self.step == 0:
                 # So that a rollback target exists from step 0 on.
                 self._ckpt.submit(self.state_dict(), self.step)
@@ -513,7 +518,10 @@ class Job:
         if plan.mode.from_checkpoint:
             assert plan.ckpt is not None
             try:
-                self.load_state_dict(Checkpointer.load(plan.ckpt))
+                path = plan.ckpt
+                if self._elastic is not None:  # HSDP: this member's shard of it
+                    path = path.replace(SHARD_PLACEHOLDER, str(self._elastic.rank()))
+                self.load_state_dict(Checkpointer.load(path))
                 self._transfer.incomplete = False
             except CheckpointError as exc:
                 self._m.collective_failed(P.Phase.ROLLBACK, exc)

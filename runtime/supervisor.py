@@ -47,7 +47,7 @@ from runtime.recovery import (
     ReportedFault,
 )
 from runtime.sink import JsonlFileSink, RecordSink, SinkSpec
-from runtime.state import latest_checkpoint
+from runtime.state import latest_checkpoint, latest_sharded_checkpoint
 from runtime.telemetry import (
     CommandSignalSource,
     FileSignalSource,
@@ -129,9 +129,6 @@ class LaunchConfig:
             raise ConfigError("spares must be >= 0")
         if self.shards < 1 or self.workers % self.shards:
             raise ConfigError(f"shards must be >= 1 and divide workers ({self.workers})")
-        if self.shards > 1 and self.checkpoint_every:
-            raise ConfigError("checkpoints of an HSDP job (shards > 1) are not supported yet: "
-                              "use --checkpoint-every 0")
         if self.checkpoint_every < 0:
             raise ConfigError("checkpoint_every must be >= 0")
         if not self.contract_id:
@@ -402,7 +399,8 @@ class Supervisor:
         it): record the loss with the true lost steps (the last committed step, from
         RUN_DIR/committed, minus the checkpoint's step; all of them without a checkpoint)
         and the time since progress stopped, and close every failure it left open."""
-        ck = latest_checkpoint(self.ckpt_dir)
+        ck = latest_checkpoint(self.ckpt_dir) if self.cfg.shards == 1 else \
+            latest_sharded_checkpoint(self.ckpt_dir, self.cfg.shards)
         ck_step = ck[0] if ck is not None else 0
         # The last committed step: rank 0's note (after a rollback it is below steps that
         # older records carry); without it, the highest step a record or checkpoint shows.
@@ -710,10 +708,15 @@ class Supervisor:
         lost = sorted({self.shard_of[d] for d in dead})
         held = {self.shard_of[h] for h in holders}
         gone = [s for s in lost if s not in held]
+        rollback = None
         if gone:
-            self._fail(f"shard(s) {gone} lost in every replica group, and an HSDP job has "
-                       "no checkpoint to roll back to")
-            return
+            rollback = self._latest_ckpt()
+            if rollback is None:
+                self._fail(f"shard(s) {gone} lost in every replica group, and no sharded "
+                           "checkpoint to roll back to")
+                return
+            log.warning("shard(s) %s lost in every replica group: rolling back to the "
+                        "checkpoint of step %d", gone, rollback[0])
         ready = self._ready_spares()
         ready += [s for s in self.spares if self._alive(s) and s not in ready]
         replace: dict[str, str] = {}
@@ -731,15 +734,26 @@ class Supervisor:
         members = [replace.get(m, m) for m in self.members]
         for s in replace.values():
             self.spares.remove(s)
-        if rec.outcome != Outcome.ROLLED_BACK:
-            rec.outcome = Outcome.LIVE_MIGRATED
-        plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
+        if rollback is not None:
+            ck_step, ck_path = rollback
+            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.ROLLBACK, members=members,
+                          ckpt=str(ck_path), ckpt_step=ck_step)
+            rec.outcome = Outcome.ROLLED_BACK
+            rec.rollback_step = ck_step
+            rec.lost_steps = max(self.last_step - ck_step, rec.lost_steps)
+        else:
+            if rec.outcome != Outcome.ROLLED_BACK:
+                rec.outcome = Outcome.LIVE_MIGRATED
+            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
         log.warning("generation %d: %s recovery (HSDP, %d shards), members %s", plan.gen,
                     plan.mode, self.cfg.shards, members)
         rec.gen = plan.gen
         self._publish(plan)
 
     def _latest_ckpt(self) -> tuple[int, Path] | None:
+        if self.cfg.shards > 1:  # every shard renamed into place; the path is a template
+            return latest_sharded_checkpoint(self.ckpt_dir, self.cfg.shards) \
+                if self.cfg.checkpoint_every else None
         if self.store.check([P.KEY_CKPT]):
             info = json.loads(self.store.get(P.KEY_CKPT))
             if Path(info["path"]).exists():

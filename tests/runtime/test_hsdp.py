@@ -29,7 +29,7 @@ WORKERS, SHARDS = 4, 2
 
 
 def _run(tmp: Path, name: str, *, faults: list[str], spares: int, sleep: float = 0.1,
-         ) -> tuple[Any, list[dict[str, Any]], Path]:
+         ckpt: int = 0) -> tuple[Any, list[dict[str, Any]], Path]:
     out = tmp / f"{name}.pt"
     sink = JsonlFileSink(tmp / f"{name}.records.jsonl")
     cfg = LaunchConfig(script=GPT, args=["--steps", str(STEPS), "--out", str(out),
@@ -38,7 +38,7 @@ def _run(tmp: Path, name: str, *, faults: list[str], spares: int, sleep: float =
                        workers=WORKERS, shards=SHARDS, spares=spares, job_id=name,
                        contract_id="c-test", runs_root=str(tmp / "runs"),
                        faults=[parse_fault(f) for f in faults], nvml=False,
-                       progress_interval_s=0.5)
+                       progress_interval_s=0.5, checkpoint_every=ckpt)
     result = launch(cfg, sink)
     return result, sink.read_all(), out
 
@@ -116,10 +116,29 @@ def test_one_rank_in_each_replica_group_at_once_is_live(reference: Path,
     _assert_every_shard_identical(reference, out)
 
 
-def test_a_shard_lost_in_every_replica_group_fails_truthfully(tmp_path: Path) -> None:
-    # Both holders of shard 1 die at once and there is no sharded checkpoint yet: the job
-    # cannot continue; the failure gets outcome failed and the job's end is recorded.
-    result, recs, _ = _run(tmp_path, "lost", spares=1,
+def test_a_shard_lost_in_every_replica_group_rolls_back_to_the_sharded_checkpoint(
+        reference: Path, tmp_path: Path) -> None:
+    # Both holders of shard 1 die at once: no replica holds it. Every rank of replica
+    # group 0 writes its shard of a checkpoint every 3 steps; everyone reloads the newest
+    # checkpoint of which every shard is complete (step 6), and the steps since are lost.
+    result, recs, out = _run(tmp_path, "lost", spares=1, ckpt=3,
+                             faults=["kill:rank=1:step=8:phase=forward",
+                                     "kill:rank=3:step=8:phase=forward"])
+    assert result.exit_code == 0, result
+    [fail] = [r for r in recs if r["kind"] == "failure"]
+    assert "w1 exit -9" in fail["detail"] and "w3 exit -9" in fail["detail"], fail
+    assert fail["step"] == 8, fail
+    assert _failures(recs) == [("unplanned", "process_killed", "rolled_back", 8 - 6)]
+    # Each shard's writer kept its own newest files (both shards, the rerun's too).
+    ckpts = sorted(p.name for p in (tmp_path / "runs" / "lost" / "checkpoints").glob("hsdp*"))
+    assert ckpts == [f"hsdp2-step-{s:09d}-shard-{k}.pt" for s in (9, 12) for k in (0, 1)]
+    _assert_every_shard_identical(reference, out)
+
+
+def test_a_shard_lost_everywhere_without_checkpoint_fails_truthfully(tmp_path: Path) -> None:
+    # Without checkpoints nothing holds shard 1 any more: outcome failed, the job's end
+    # recorded, exit 1.
+    result, recs, _ = _run(tmp_path, "gone", spares=1,
                            faults=["kill:rank=1:step=4:phase=forward",
                                    "kill:rank=3:step=4:phase=forward"])
     assert result.exit_code == 1
