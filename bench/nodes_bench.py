@@ -12,7 +12,7 @@
   coordinator's log line) against the steady step time;
 * throughput: mean step time with 3 hosts of agents vs the single-host launcher with 3
   workers, interleaved;
-* scaling: whole-host recovery at 2, 4 and 8 simulated hosts (H-1 training + 1 spare).
+* scaling: whole-host recovery at 2, 4 and 8 simulated training hosts (+ 1 spare host).
 
 The figures and the model of what grows with the number of hosts are in
 docs/benchmarks-runtime.md ("Across hosts").
@@ -54,7 +54,7 @@ MODEL = ["--hidden", "1024", "--layers", "3", "--dim", "256", "--batch", "32"]
 def state_bytes() -> int:
     """Parameters and Adam's two moments of MODEL, in bytes (what a transfer moves)."""
     sys.path.insert(0, str(ROOT / "examples"))
-    import mlp_train  # type: ignore[import-not-found]
+    import mlp_train  # type: ignore[import-not-found,unused-ignore]
 
     ap = argparse.ArgumentParser()
     mlp_train.add_model_args(ap)
@@ -104,7 +104,11 @@ class Hosts:
         raise RuntimeError(f"{self.name}: never reached step {step}")
 
     def finish(self) -> list[dict[str, Any]]:
-        assert self.procs[0].wait(timeout=600) == 0, (self.tmp / "host0.log").read_text()
+        code = self.procs[0].wait(timeout=600)
+        if code != 0:  # keep the run folder (logs of every host) for a look
+            kept = Path(tempfile.gettempdir()) / f"yoco-nodes-bench-failed-{self.name}"
+            shutil.copytree(self.tmp, kept, dirs_exist_ok=True)
+            raise RuntimeError(f"{self.name}: the job failed (exit {code}); logs in {kept}")
         for p in self.procs[1:]:
             try:
                 p.wait(timeout=60)
@@ -117,8 +121,9 @@ def _ts(rec: dict[str, Any]) -> float:
     return datetime.fromisoformat(rec["occurred_at"]).timestamp()
 
 
-def one_recovery(tmp: Path, name: str, hosts: int, node_timeout: float) -> dict[str, float]:
-    h = Hosts(tmp, name, train=hosts - 1, spare=1, steps=40, node_timeout=node_timeout)
+def one_recovery(tmp: Path, name: str, train: int, node_timeout: float) -> dict[str, float]:
+    """TRAIN training hosts + 1 spare host; host 1 (a training host) is killed."""
+    h = Hosts(tmp, name, train=train, spare=1, steps=40, node_timeout=node_timeout)
     h.progress_at(15)
     killed = time.time()
     os.killpg(h.procs[1].pid, signal.SIGKILL)
@@ -133,7 +138,7 @@ def one_recovery(tmp: Path, name: str, hosts: int, node_timeout: float) -> dict[
 
 def recovery(tmp: Path, reps: int, node_timeout: float) -> None:
     nbytes = state_bytes()
-    runs = [one_recovery(tmp, f"rec{i}", 4, node_timeout) for i in range(reps)]
+    runs = [one_recovery(tmp, f"rec{i}", 3, node_timeout) for i in range(reps)]
     bw = max(max(tcp_bandwidth(nbytes), gloo_bandwidth(nbytes)) for _ in range(2))
     bound = nbytes / bw
     totals = [r["total"] for r in runs]
@@ -196,7 +201,7 @@ def scaling(tmp: Path, reps: int, node_timeout: float) -> None:
     for hosts in (2, 4, 8):
         totals = [one_recovery(tmp, f"sc{hosts}-{i}", hosts, node_timeout)["total"]
                   for i in range(reps)]
-        print(f"[nodes/scaling] {hosts} hosts ({hosts - 1} + 1 spare): kill -> first step "
+        print(f"[nodes/scaling] {hosts} training hosts + 1 spare: kill -> first step "
               f"median {statistics.median(totals) * 1e3:.0f} ms "
               f"({', '.join(f'{t * 1e3:.0f}' for t in totals)}); {load()}")
 

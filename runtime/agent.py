@@ -7,7 +7,7 @@ from Slurm or Kubernetes: :mod:`runtime.identity`); node rank 0 also runs the co
 The agent:
 
 * registers ``node/RANK/info`` (name, pid, process group, machine, places);
-* beats every 0.1 s (``node/RANK/beat``, a counter);
+* beats every 0.1 s from a thread of its own (``node/RANK/beat``, a counter);
 * takes the coordinator's requests from its queue: ``spawn`` (a worker or spare process
   of SCRIPT, forked from its spare zygote when it is ready) and ``kill``;
 * reports on the shared event queue each process it started (``started`` with its pid),
@@ -118,9 +118,14 @@ class Agent:
         log.info("node %d (%s) joined the job at %s:%d with %d place(s)", self.rank,
                  self.ident.node_name, self.ident.rdzv_host, self.ident.rdzv_port,
                  self.cfg.nproc)
+        # Beats come from a thread of their own: the heartbeat says the host is alive,
+        # and the loop's own work (starting the zygote, forking processes: hundreds of
+        # ms under load) must not look like a frozen host. A stopped or dead host stops
+        # the thread too.
+        threading.Thread(target=self._beat, name="yoco-beat", daemon=True).start()
         if self.cfg.fork_spares:
             self.pool.start_zygote(dict(os.environ))
-        last_beat = last_shutdown = 0.0
+        last_shutdown = 0.0
         failing_since: float | None = None
         try:
             while not self.stop.is_set():
@@ -128,9 +133,6 @@ class Agent:
                 try:
                     self._serve_requests()
                     self._report()
-                    if now - last_beat >= P.NODE_BEAT_INTERVAL_S:
-                        last_beat = now
-                        self.store.add(P.node_beat_key(self.rank), 1)
                     if now - last_shutdown >= 0.05:
                         last_shutdown = now
                         if self.store.check([P.KEY_SHUTDOWN]):
@@ -146,12 +148,23 @@ class Agent:
                         return EXIT_COORDINATOR_LOST
                 time.sleep(0.005)
         finally:
+            self.stop.set()
             self.pool.shutdown()
         with_errors = [s for s, p in self.pool.procs.items() if p.poll() not in (0, None)]
         if with_errors:
             log.info("node %s: processes that did not exit 0: %s", self.ident.node_name,
                      ", ".join(with_errors))
         return 0
+
+    def _beat(self) -> None:
+        # A connection of its own: a TCPStore client runs one request at a time.
+        try:
+            store = dist.TCPStore(self.ident.rdzv_host, self.ident.rdzv_port, is_master=False,
+                                  timeout=timedelta(seconds=self.cfg.coordinator_timeout_s))
+            while not self.stop.wait(P.NODE_BEAT_INTERVAL_S):
+                store.add(P.node_beat_key(self.rank), 1)
+        except (RuntimeError, dist.DistStoreError) as exc:  # the main loop notices too
+            log.warning("node %s: heartbeat stopped: %s", self.ident.node_name, exc)
 
     def _kill_all(self) -> None:
         for p in self.pool.procs.values():
