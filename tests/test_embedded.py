@@ -185,3 +185,18 @@ def test_yoco_serve_on_a_busy_port_exits_2_naming_it(tmp_path: Path) -> None:
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert not (tmp_path / "data" / "pgdata").exists()  # refused before starting anything
+
+
+@pytest.mark.slow
+def test_the_demo_runs_on_a_fresh_data_folder(data_dir: Path) -> None:
+    # What a newcomer types after the set-up: no DATABASE_URL, nothing in the data folder.
+    # The schema must be created by the owner (the CLI's own login may not create tables).
+    env = {k: v for k, v in _env(data_dir).items()
+           if not (k.startswith("YOCO_") and k.endswith("DATABASE_URL"))}
+    out = subprocess.run(
+        [*YOCO, "demo", "--contracts", "1", "--records", "100", "--no-training"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "schema migrated to" in out.stdout and "done in" in out.stdout
+    assert list((data_dir / "demo" / "reports").glob("*.pdf"))
