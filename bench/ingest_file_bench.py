@@ -6,11 +6,12 @@ Usage::
 
 Writes a SIMULATED file of about ``--mb`` megabytes (``yoco.simulate``: one contract,
 jobs failing at the Meta cluster-study rate, mostly progress records, in time order),
-starts a fresh embedded PostgreSQL (or uses ``DATABASE_URL``), and for each ``--code``
-tree (default: this one) migrates a fresh database and runs ``yoco ledger ingest FILE``
-in a child process with ``PYTHONPATH=DIR``. Prints records, seconds, records/s and the
-child's peak RSS (``ru_maxrss``). Pass an older checkout as a second ``--code`` to
-compare before and after.
+starts a fresh embedded PostgreSQL (or uses ``DATABASE_URL``, a superuser's: it creates
+yoco's roles and a database per run), and for each ``--code`` tree (default: this one)
+migrates the fresh database as the owner role (``yoco db upgrade``) and runs ``yoco ledger
+ingest FILE`` as the CLI's login in a child process with ``PYTHONPATH=DIR``. Prints
+records, seconds, records/s and the child's peak RSS (``ru_maxrss``). Pass an older
+checkout as a second ``--code`` to compare before and after.
 """
 
 from __future__ import annotations
@@ -68,12 +69,21 @@ def write_file(path: Path, megabytes: float) -> int:
 
 def run(code: Path, url: str, data: Path, contracts: Path) -> tuple[float, int, str]:
     """Migrate, add the contract and ingest with the code in ``code``; (s, peak KiB, out)."""
-    env = dict(os.environ, PYTHONPATH=str(code), DATABASE_URL=url)
-    cli = [sys.executable, "-c", "from yoco.cli import main; main()"]
-    subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
-    subprocess.run(
-        [*cli, "contracts", "import", str(contracts)], env=env, check=True, capture_output=True
+    from yoco.database import CLI_LOGIN, OWNER_ROLE, login_url
+
+    # As `yoco db upgrade` and `yoco ledger ingest` run in production: migrated by the
+    # owner role, ingested by the CLI's login (neither a superuser; the CLI refuses one).
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(code),
+        DATABASE_URL=login_url(url, CLI_LOGIN),
+        YOCO_OWNER_DATABASE_URL=login_url(url, OWNER_ROLE),
     )
+    cli = [sys.executable, "-c", "from yoco.cli import main; main()"]
+    for step in (["db", "upgrade"], ["contracts", "import", str(contracts)]):
+        done = subprocess.run([*cli, *step], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"yoco {' '.join(step)} failed: {done.stderr[-2000:]}")
     # The ingest runs under a wrapper of its own, so that RUSAGE_CHILDREN there is the
     # ingest's peak alone (not the migration's or the contract import's).
     wrapper = (
@@ -107,10 +117,9 @@ def main() -> None:
     args = parser.parse_args()
     codes = args.code or [ROOT]
 
-    from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from yoco.database import embedded_url, ensure_database, start_embedded
+    from yoco.database import bootstrap, embedded_url, ensure_database, start_embedded
 
     tmp = Path(tempfile.mkdtemp(prefix="yoco-ingest-bench-"))
     data = tmp / "records.jsonl"
@@ -129,10 +138,9 @@ def main() -> None:
         base = embedded_url(server)
     for code in codes:
         db = f"bench_{uuid.uuid4().hex[:8]}"
-        admin = create_engine(base, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{db}"'))
-        admin.dispose()
+        # yoco's roles and a database owned by the owner role (the superuser's only job);
+        # each code tree then migrates it with its own `yoco db upgrade`.
+        bootstrap(base, db)
         url = make_url(base).set(database=db).render_as_string(hide_password=False)
         # Each run is a fresh child; RUSAGE_CHILDREN keeps the max, so run each code
         # tree in a child of its own to read its peak alone.
