@@ -101,9 +101,9 @@ def run(code: Path, url: str, data: Path, contracts: Path) -> tuple[float, int, 
         check=True,
     )
     head, _, out = done.stdout.partition("\n")
-    code, seconds, peak = head.split()
-    if code != "0":
-        raise SystemExit(f"ingest failed ({code}): {out[-2000:]}")
+    rc, seconds, peak = head.split()
+    if rc != "0":
+        raise SystemExit(f"ingest failed ({rc}): {out[-2000:]}")
     return float(seconds), int(peak), out.strip()
 
 
