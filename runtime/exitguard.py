@@ -12,6 +12,12 @@ inside a ``noexcept`` frame: ``terminate called``, SIGABRT, and the supervisor s
 member of a job whose every step was committed die (measured: a stuck recv plus a peer
 exiting during the finalization aborts 3 times out of 3; with this guard, 0).
 
+The same holds for a *collective* of an abandoned generation: it stays pending in a
+thread of its process group, and when a peer's exit finally fails it, the group's thread
+runs the Python completion callback -- taking the GIL of a finalizing interpreter:
+``terminate called after throwing an instance of 'gloo::IoException'`` (seen at the end
+of a job that had lost a host). Such collectives are counted too.
+
 The guard is an ``atexit`` hook: if such a thread is still blocked, the process flushes
 its output and leaves with ``os._exit`` and the exit status the script would have had
 (0, 1 after an uncaught exception, or the code given to ``sys.exit``), skipping the
@@ -31,27 +37,30 @@ import threading
 from types import TracebackType
 from typing import Any
 
-_blocked: set[threading.Thread] = set()
+#: Helper threads blocked in a gloo wait, and tokens of collectives whose completion
+#: callback (Python, run on a process group thread) has not run yet.
+_blocked: set[object] = set()
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": False, "code": 0}
 
 
-def track(thread: threading.Thread) -> None:
-    """Note ``thread`` as blocked in a gloo wait until :func:`untrack`."""
+def track(item: object) -> None:
+    """Note ``item`` (a helper thread, or a pending collective's token) as blocked in a
+    gloo wait until :func:`untrack`."""
     with _lock:
-        _blocked.add(thread)
+        _blocked.add(item)
 
 
-def untrack(thread: threading.Thread) -> None:
-    """The wait of ``thread`` returned."""
+def untrack(item: object) -> None:
+    """The wait of ``item`` returned (or its collective's callback ran)."""
     with _lock:
-        _blocked.discard(thread)
+        _blocked.discard(item)
 
 
 def blocked() -> int:
-    """How many helper threads are still blocked in a gloo wait."""
+    """How many gloo waits are still blocked (live helper threads, pending collectives)."""
     with _lock:
-        return sum(t.is_alive() for t in _blocked)
+        return sum(t.is_alive() if isinstance(t, threading.Thread) else 1 for t in _blocked)
 
 
 def _exit_code(code: object) -> int:
@@ -89,8 +98,8 @@ def _guard() -> None:
     n = blocked()
     if not n:
         return  # nothing blocked: the normal teardown is safe
-    print(f"[yoco] {n} gloo wait(s) of abandoned generations still blocked: leaving "
-          "without the interpreter's teardown", file=sys.stderr)
+    print(f"[yoco] {n} gloo wait(s) or collective(s) of abandoned generations still "
+          "pending: leaving without the interpreter's teardown", file=sys.stderr)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -77,6 +77,12 @@ class GenerationWatch:
             self._cond.wait_for(lambda: self.latest > gen or not self.ok, timeout)
 
 
+class _PendingWork:
+    """A collective whose completion callback has not run yet (see Membership.wait)."""
+
+    __slots__ = ()
+
+
 class Membership:
     """This process's view of the job's membership: the store, the generation it is a
     member of, and that generation's process groups.
@@ -224,9 +230,21 @@ class Membership:
         done = threading.Event()
         error: list[BaseException] = []
         threaded = False
+        # Until its callback has run, a collective is pending in a thread of the process
+        # group; if this generation is abandoned it may complete (with an error) only
+        # when a peer exits, maybe while this interpreter finalizes: the exit guard
+        # (runtime.exitguard) counts it until then.
+        token = _PendingWork()
+
+        def completed(_f: Any) -> None:
+            done.set()
+            exitguard.untrack(token)
+
         try:
-            work.get_future().add_done_callback(lambda _f: done.set())
+            exitguard.track(token)
+            work.get_future().add_done_callback(completed)
         except RuntimeError:
+            exitguard.untrack(token)
             threaded = True
             # gloo send/recv have no future and report is_completed() only after wait():
             # block in wait() on a helper thread (it releases the GIL) and watch it.
