@@ -17,13 +17,32 @@ from sqlalchemy.orm import Session
 from billing.money import format_minor, format_money
 
 
-def credit_rows(session: Session, contract_ids: list[str] | None) -> list[dict[str, Any]]:
-    """Credits of ``contract_ids`` (None: all the session may see), newest first."""
+def credit_rows(
+    session: Session,
+    contract_ids: list[str] | None,
+    *,
+    before: tuple[datetime, str, int] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Credits of ``contract_ids`` (None: all the session may see), newest first.
+
+    The order is ``(issued_at, contract_id, seq)`` descending, a total order (``seq`` is
+    unique in a contract's log); ``before`` keeps the credits after that key in it, and
+    ``limit`` the first ones (keyset pagination).
+    """
+    from sqlalchemy import tuple_
+
     from billing.models import Credit
 
-    q = select(Credit).order_by(Credit.issued_at.desc())
+    q = select(Credit).order_by(
+        Credit.issued_at.desc(), Credit.contract_id.desc(), Credit.seq.desc()
+    )
     if contract_ids is not None:
         q = q.where(Credit.contract_id.in_(contract_ids))
+    if before is not None:
+        q = q.where(tuple_(Credit.issued_at, Credit.contract_id, Credit.seq) < before)
+    if limit is not None:
+        q = q.limit(limit)
     out = []
     for c in session.execute(q).scalars():
         out.append(
@@ -32,6 +51,7 @@ def credit_rows(session: Session, contract_ids: list[str] | None) -> list[dict[s
                 "credit_note": c.credit_note,
                 "contract_id": c.contract_id,
                 "year": c.year,
+                "seq": c.seq,
                 "issued_at": c.issued_at,
                 "status": c.status,
                 "currency": c.currency,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
@@ -56,12 +57,23 @@ def scope_settings(principal: Principal) -> tuple[str, str]:
 
 _PROBE = (
     "SELECT set_config('yoco.customer', %(c)s, true), set_config('yoco.scope', %(s)s, true); "
-    "SELECT c.contract_id, l.size FROM contracts AS c "
+    "SELECT c.contract_id, l.size, "
+    "(SELECT max(k.tree_size) FROM checkpoints AS k WHERE k.log_id = c.contract_id) "
+    "FROM contracts AS c "
     "LEFT OUTER JOIN ledger_logs AS l ON l.log_id = c.contract_id "
     "WHERE c.contract_id = %(id)s"
 )
 _PROBE_STAFF = _PROBE
 _PROBE_CUSTOMER = _PROBE + " AND c.customer = %(c)s AND %(c)s <> ''"
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """What a contract's log holds, as far as an answer about it can change: its size
+    (entries) and the tree size of its latest signed checkpoint (0: none)."""
+
+    size: int
+    signed: int
 
 
 class PortalDb:
@@ -74,11 +86,18 @@ class PortalDb:
         self._write = sessionmaker(bind=app_engine, expire_on_commit=False)
 
     @contextmanager
-    def read(self, principal: Principal) -> Iterator[Session]:
-        """A read-only session scoped to ``principal``'s tenant by row-level security."""
+    def read(self, principal: Principal, *, snapshot: bool = False) -> Iterator[Session]:
+        """A read-only session scoped to ``principal``'s tenant by row-level security.
+
+        ``snapshot``: every statement sees the same snapshot (REPEATABLE READ), so a
+        computation that reads the log size first and then the records reads records of
+        exactly that size (an answer's tag names the size).
+        """
         customer, scope = scope_settings(principal)
         session = self._read()
         try:
+            if snapshot:
+                session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
             session.execute(
                 text(
                     "SELECT set_config('yoco.customer', :c, true), "
@@ -97,7 +116,13 @@ class PortalDb:
         return unit_of_work(self._write)
 
     def visible_size(self, principal: Principal, contract_id: str) -> int | None:
-        """The contract's log size if ``principal`` may see the contract, else None.
+        """The contract's log size if ``principal`` may see the contract, else None
+        (:meth:`visible_state`)."""
+        state = self.visible_state(principal, contract_id)
+        return None if state is None else state.size
+
+    def visible_state(self, principal: Principal, contract_id: str) -> LogState | None:
+        """The contract's log state if ``principal`` may see the contract, else None.
 
         The same check as :func:`web.services.visible_size` (the customer filter in the
         query, under row-level security scoped to the caller), in ONE round trip: the
@@ -128,7 +153,7 @@ class PortalDb:
             fairy.close()
         if row is None:
             return None
-        return int(row[1] or 0)
+        return LogState(size=int(row[1] or 0), signed=int(row[2] or 0))
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -46,11 +46,16 @@ class PageCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._making: dict[Hashable, threading.Event] = {}
         self.hits = 0
         self.misses = 0
 
     def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
-        """The body cached under ``key``, else ``make()`` (stored, and returned)."""
+        """The body cached under ``key``, else ``make()`` (stored, and returned).
+
+        Made once per key: a thread that finds another making the same key waits for
+        it rather than making it again (an SLA year over a large log is costly).
+        """
         if self.max_entries <= 0:
             return make()
         with self._lock:
@@ -62,14 +67,33 @@ class PageCache:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return value
-        value = make()  # outside the lock: two threads may render the same page once each
-        with self._lock:
-            self.misses += 1
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            running = self._making.get(key)
+            if running is None:
+                self._making[key] = threading.Event()
+        if running is not None:
+            running.wait()
+            with self._lock:
+                if key in self._entries:
+                    self.hits += 1
+                    return self._entries[key]
+            return self.get_or_make(key, make)  # the maker failed: try ourselves
+        try:
+            value = make()
+            with self._lock:
+                self.misses += 1
+                self._entries[key] = value
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+        finally:
+            with self._lock:
+                self._making.pop(key).set()
         return value
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s entry, if any."""
+        with self._lock:
+            self._entries.pop(key, None)
 
     def clear(self) -> None:
         """Forget everything."""

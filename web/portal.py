@@ -25,6 +25,7 @@ from fastapi.templating import Jinja2Templates
 
 from web import filters
 from web.accounts import Principal
+from web.cursors import CursorCodec
 from web.db import PortalDb, app_engine, portal_engine
 from web.pagecache import PageCache
 from web.security import CookieSigner, password_hasher
@@ -140,6 +141,9 @@ class Portal:
         self.hasher = hasher or password_hasher()
         self.views = ViewCache(settings.figures_ttl_seconds)
         self.pages = PageCache(settings.page_cache_entries)
+        #: The API's answers whose figures are computed in the request (``/sla``),
+        #: by contract, period, log size and instant: computed once each.
+        self.figures = PageCache(settings.figures_cache_entries)
         self.sessions = SessionCache(settings.session_cache_seconds)
         self._lock = threading.Lock()
         self._clock = clock
@@ -152,6 +156,33 @@ class Portal:
     def secret(self) -> bytes:
         """The cookie and CSRF secret."""
         return resolve_secret(self.settings, self.host.settings.data_dir)
+
+    def figures_now(self) -> datetime:
+        """The instant the API computes time-dependent figures at: :meth:`now` rounded
+        down to the figures TTL, the same in every worker (:mod:`web.conditional`)."""
+        from web.conditional import figures_instant
+
+        return figures_instant(self.now(), self.settings.figures_ttl_seconds)
+
+    @cached_property
+    def tag_key(self) -> bytes:
+        """The key of the API's entity tags (derived from the secret)."""
+        import hashlib
+
+        return hashlib.sha256(b"yoco-api-etag\x00" + self.secret).digest()
+
+    def etag(self, *parts: object) -> str:
+        """A strong entity tag for an answer determined by ``parts`` (:func:`make_etag`)."""
+        from web.conditional import make_etag
+
+        return make_etag(self.tag_key, *parts)
+
+    @cached_property
+    def cursors(self) -> CursorCodec:
+        """Signs and checks the API's pagination cursors."""
+        from web.cursors import CursorCodec
+
+        return CursorCodec(self.secret)
 
     @cached_property
     def signer(self) -> CookieSigner:

@@ -43,6 +43,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: What a conditional, possibly paged GET may answer besides 200 and :data:`ERRORS`.
+CONDITIONAL: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    304: {"description": "Not modified: the tag in If-None-Match is still current."},
+    400: {"model": ErrorBody, "description": "A cursor this server did not issue for "
+          "this list (changed, cut, or of another list)."},
+}
+
+
 class ContractOut(BaseModel):
     """A contract and its guarantee terms; money as decimal strings."""
 
@@ -123,13 +132,19 @@ class FailureOut(BaseModel):
 
 
 class FailurePageOut(BaseModel):
-    """A page of failures, newest first."""
+    """A page of failures, newest first.
+
+    ``next_cursor`` (and ``next``, the address with it) continue after this page's last
+    item; null on the last page.  ``page`` is null when the page was asked by cursor.
+    """
 
     items: list[FailureOut]
     total: int
-    page: int
+    page: int | None
     per_page: int
     pages: int
+    next_cursor: str | None = None
+    next: str | None = None
 
 
 class TimelineOut(BaseModel):

@@ -69,6 +69,23 @@ def visible_contracts(session: Session, principal: Principal) -> list[Contract]:
     return list(session.execute(q).scalars())
 
 
+def contract_page(
+    session: Session, principal: Principal, after: str | None, limit: int
+) -> list[tuple[str, int]]:
+    """The first ``limit`` contracts the caller may see with an id after ``after`` (all
+    when None), by id, each with its log size (keyset pagination)."""
+    q = (
+        select(Contract.contract_id, LedgerLog.size)
+        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
+        .order_by(Contract.contract_id)
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(Contract.contract_id > after)
+    q = _mine(principal, q, Contract.customer)
+    return [(str(cid), int(size or 0)) for cid, size in session.execute(q)]
+
+
 def visible_size(session: Session, principal: Principal, contract_id: str) -> int:
     """The size of the contract's log if the caller may see the contract, else NotFound.
 
@@ -168,18 +185,28 @@ def year_view(
 
 
 def year_view_for(
-    portal: Any, principal: Principal, contract_id: str, year: int | None, now: datetime
+    portal: Any,
+    principal: Principal,
+    contract_id: str,
+    year: int | None,
+    now: datetime,
+    *,
+    size: int | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> YearView:
     """:func:`year_view` with one database round trip when the cached view is fresh.
 
     The visibility check (:meth:`web.db.PortalDb.visible_size`: the customer filter
     and row-level security, one round trip) gives the log size; when the terms and the
     year's view cached for that size are fresh, nothing else is read.  Otherwise the
-    usual scoped session does it all (and recomputes the view).
+    usual scoped session does it all (and recomputes the view).  ``size``: the caller
+    made that check already and got this size.  ``clock``: the time a view that aged
+    is refreshed at (default ``portal.now``; the API's rounded instant).
     """
-    size = portal.db.visible_size(principal, contract_id)
     if size is None:
-        raise NotFound()
+        size = portal.db.visible_size(principal, contract_id)
+        if size is None:
+            raise NotFound()
     cache: ViewCache = portal.views
     base = cache.peek_memo(("in_force", contract_id, size))
     if base is not None:
@@ -187,10 +214,11 @@ def year_view_for(
         view = cache.peek((contract_id, k), size)
         if view is not None:
             return view
-    with portal.db.read(principal) as session:
+    with portal.db.read(principal, snapshot=True) as session:
         return year_view(
             session, principal, cache, contract_id, year, now,
-            reader=lambda: portal.db.read(principal), clock=portal.now,
+            reader=lambda: portal.db.read(principal, snapshot=True),
+            clock=clock or portal.now,
         )
 
 
@@ -240,6 +268,49 @@ def failures_page(view: YearView, flt: FailureFilter, page: int, per_page: int) 
     page = max(1, page)
     lo = (page - 1) * per_page
     return Page(rows=chosen[lo : lo + per_page], total=len(chosen), page=page, per_page=per_page)
+
+
+FailureKey = tuple[datetime, int, str]
+
+
+def failure_key(row: Row) -> FailureKey:
+    """The sort key of a failure row: (occurred_at, seq, event_id), a total order (seq
+    is unique in the contract's log); lists are newest first, i.e. descending."""
+    f = row.row.failure
+    return (f.occurred_at, f.seq, f.event_id)
+
+
+def failure_position(row: Row) -> list[Any]:
+    """:func:`failure_key` of ``row`` as JSON values (a cursor's position)."""
+    at, seq, eid = failure_key(row)
+    return [at.isoformat(), seq, eid]
+
+
+def failure_key_of(position: list[Any]) -> FailureKey:
+    """The key a cursor's position names (:func:`failure_position`)."""
+    at, seq, eid = position
+    return (datetime.fromisoformat(str(at)), int(seq), str(eid))
+
+
+def failures_after(
+    view: YearView, flt: FailureFilter, after: FailureKey, limit: int
+) -> tuple[list[Row], bool, int]:
+    """The first ``limit`` rows passing ``flt`` that come after ``after`` newest first
+    (keyset: key < after), whether more follow, and how many pass ``flt`` in all."""
+    limit = max(1, min(limit, MAX_PER_PAGE))
+    chosen = [r for r in reversed(view.rows) if flt.matches(r)]
+    rows = [r for r in chosen if failure_key(r) < after]
+    return rows[:limit], len(rows) > limit, len(chosen)
+
+
+def latest_signed(session: Session, contract_id: str) -> int:
+    """The tree size of the contract log's latest signed checkpoint (0: none)."""
+    from sqlalchemy import func
+
+    size = session.execute(
+        select(func.max(Checkpoint.tree_size)).where(Checkpoint.log_id == contract_id)
+    ).scalar_one_or_none()
+    return int(size or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,16 +483,27 @@ def entry_proof(
         ) from None
 
 
-def checkpoints(session: Session, principal: Principal, contract_id: str) -> list[Checkpoint]:
-    """Every signed checkpoint of a contract's log, newest first."""
+def checkpoints(
+    session: Session,
+    principal: Principal,
+    contract_id: str,
+    *,
+    below: int | None = None,
+    limit: int | None = None,
+) -> list[Checkpoint]:
+    """The signed checkpoints of a contract's log, newest (largest) first; ``below``:
+    only those smaller than that tree size; ``limit``: the first ones (keyset)."""
     contract_for(session, principal, contract_id)
-    return list(
-        session.execute(
-            select(Checkpoint)
-            .where(Checkpoint.log_id == contract_id)
-            .order_by(Checkpoint.tree_size.desc())
-        ).scalars()
+    q = (
+        select(Checkpoint)
+        .where(Checkpoint.log_id == contract_id)
+        .order_by(Checkpoint.tree_size.desc())
     )
+    if below is not None:
+        q = q.where(Checkpoint.tree_size < below)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.execute(q).scalars())
 
 
 def consistency(

@@ -36,6 +36,9 @@ class WebSettings(BaseSettings):
     #: Rendered dashboard / failures-list bodies and API answers kept per process
     #: (keyed by tenant scope, contract, year, log size and query; 0 disables the cache).
     page_cache_entries: int = Field(default=1024, ge=0)
+    #: ``/api/v1/contracts/{id}/sla`` answers kept per process (keyed by contract,
+    #: period, log size and the figures instant; each computed once; 0 disables).
+    figures_cache_entries: int = Field(default=512, ge=0)
     #: Seconds a live session is trusted without asking the database again (logging out
     #: in this process ends it at once; 0 asks every time).
     session_cache_seconds: float = 10.0

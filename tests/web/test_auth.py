@@ -95,6 +95,7 @@ def test_error_pages_show_no_stack_trace(app, client_for, monkeypatch) -> None:
         raise RuntimeError("secret internals: /srv/db password=hunter2")
 
     monkeypatch.setattr(web.services, "visible_contracts", boom)
+    monkeypatch.setattr(web.services, "contract_page", boom)  # the API's paged list
     alice = client_for("a")
     r = alice.get("/contracts")
     assert r.status_code == 500

@@ -1,5 +1,6 @@
 """Limits that hold against a real server: the ingest body size (streamed, chunked), the
-login limiter under concurrency; and ``Cache-Control: no-store`` on tenant data."""
+login limiter under concurrency; and ``Cache-Control: no-store`` on tenant data
+(``private, no-cache`` with an ETag on the API's answers)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,13 @@ def test_tenant_data_is_never_stored_by_caches(client_for, seed) -> None:
     for path in paths:
         r = alice.get(path)
         assert r.status_code in (200, 404), (path, r.status_code)
-        assert r.headers.get("cache-control") == "no-store", path
+        if path.startswith("/api/") and r.status_code == 200:
+            # A tagged API answer: no shared cache may keep it (private), and a client
+            # that keeps a copy must revalidate it with its ETag every time (no-cache).
+            assert r.headers.get("cache-control") == "private, no-cache", path
+            assert r.headers.get("etag") and "Authorization" in r.headers["vary"], path
+        else:
+            assert r.headers.get("cache-control") == "no-store", path
     fin = client_for("fin")
     r = fin.post("/finance/export.csv", data={"csrf_token": csrf_of(fin.get("/finance").text)})
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"

@@ -37,6 +37,11 @@ def _run(operation, headers, excluded) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def check(case) -> None:
+        # A pagination cursor is valid only as the server signed it: any other string,
+        # schema-valid or not, is refused with 400 by design (tests/web/test_api_machines.py
+        # covers cursors).  Every other parameter keeps every check.
+        if case.query and "cursor" in case.query:
+            case.query.pop("cursor")
         case.call_and_validate(headers=headers, excluded_checks=excluded)
 
     check()

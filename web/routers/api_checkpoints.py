@@ -5,29 +5,93 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from web import services
-from web.deps import ApiDb, PortalDep, ReaderDep
-from web.schemas import ERRORS, CheckpointOut, ErrorBody
+from web.accounts import Principal
+from web.conditional import (
+    client_has,
+    conditional_headers,
+    json_answer,
+    normalised_query,
+    not_modified,
+)
+from web.deps import PortalDep, ReaderDep
+from web.errors import NotFound
+from web.pagecache import scope_key
+from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
+from web.portal import Portal
+from web.schemas import CONDITIONAL, CheckpointOut, ErrorBody
 
-router = APIRouter(prefix="/api/v1", tags=["proofs"], responses=ERRORS)
+router = APIRouter(prefix="/api/v1", tags=["proofs"], responses=CONDITIONAL)
 
 
-@router.get("/contracts/{contract_id}/checkpoints", response_model=list[CheckpointOut])
-def list_checkpoints(contract_id: str, reader: ReaderDep, db: ApiDb) -> list[CheckpointOut]:
-    """Every signed tree head of the contract's log, newest first."""
-    return [
-        CheckpointOut(
-            tree_size=cp.tree_size,
-            root_hash=base64.b64encode(bytes(cp.root_hash)).decode(),
-            origin=cp.origin,
-            signed_at=cp.signed_at,
-            note=cp.note,
-        )
-        for cp in services.checkpoints(db, reader, contract_id)
-    ]
+def _state(portal: Portal, reader: Principal, contract_id: str) -> Any:
+    state = portal.db.visible_state(reader, contract_id)
+    if state is None:
+        raise NotFound()
+    return state
+
+
+@router.get(
+    "/contracts/{contract_id}/checkpoints",
+    response_model=list[CheckpointOut],
+    responses={200: {"headers": PAGED_HEADERS}},
+)
+async def list_checkpoints(
+    request: Request,
+    contract_id: str,
+    reader: ReaderDep,
+    portal: PortalDep,
+    limit: LimitQ = DEFAULT_LIMIT,
+    cursor: CursorQ = None,
+) -> Response:
+    """The signed tree heads of the contract's log, newest first.
+
+    At most ``limit`` per page; a ``Link: <…>; rel="next"`` header names the next page.
+    """
+    return await run_in_threadpool(
+        _list_checkpoints, request, contract_id, reader, portal, limit, cursor
+    )
+
+
+def _list_checkpoints(
+    request: Request,
+    contract_id: str,
+    reader: Principal,
+    portal: Portal,
+    limit: int,
+    cursor: str | None,
+) -> Response:
+    state = _state(portal, reader, contract_id)
+    below = None
+    if cursor is not None:
+        below = int(portal.cursors.decode(cursor, "checkpoints", (contract_id,))[0])
+    # Checkpoints only ever add larger tree sizes: the largest names the whole list.
+    etag = portal.etag("api-checkpoints", scope_key(reader), contract_id,
+                       normalised_query(request), state.signed)
+    if client_has(request, etag):
+        return not_modified(etag)
+    with portal.db.read(reader) as db:
+        heads = services.checkpoints(db, reader, contract_id, below=below, limit=limit + 1)
+        nxt = None
+        if len(heads) > limit:
+            heads = heads[:limit]
+            nxt = portal.cursors.encode("checkpoints", (contract_id,), [heads[-1].tree_size])
+        body = [
+            CheckpointOut(
+                tree_size=cp.tree_size,
+                root_hash=base64.b64encode(bytes(cp.root_hash)).decode(),
+                origin=cp.origin,
+                signed_at=cp.signed_at,
+                note=cp.note,
+            ).model_dump(mode="json")
+            for cp in heads
+        ]
+    return json_answer(request, etag, bytes(JSONResponse(body).body), link_headers(request, nxt))
 
 
 @router.get(
@@ -35,15 +99,32 @@ def list_checkpoints(contract_id: str, reader: ReaderDep, db: ApiDb) -> list[Che
     response_model=dict[str, Any],
     responses={422: {"model": ErrorBody, "description": "No signed head of that size."}},
 )
-def get_consistency(
+async def get_consistency(
+    request: Request,
     contract_id: str,
     reader: ReaderDep,
-    db: ApiDb,
+    portal: PortalDep,
     size1: Annotated[int, Query(ge=1, le=2**53)],
     size2: Annotated[int, Query(ge=1, le=2**53)],
-) -> dict[str, Any]:
+) -> Response:
     """A consistency proof (``yoco-consistency-proof/v1``) between two signed heads."""
-    return services.consistency(db, reader, contract_id, size1, size2)
+    return await run_in_threadpool(
+        _get_consistency, request, contract_id, reader, portal, size1, size2
+    )
+
+
+def _get_consistency(
+    request: Request, contract_id: str, reader: Principal, portal: Portal, size1: int,
+    size2: int,
+) -> Response:
+    _state(portal, reader, contract_id)
+    # Two signed heads never change: the proof between them neither.
+    etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2)
+    if client_has(request, etag):
+        return not_modified(etag)
+    with portal.db.read(reader) as db:
+        bundle = services.consistency(db, reader, contract_id, size1, size2)
+    return json_answer(request, etag, bytes(JSONResponse(jsonable_encoder(bundle)).body))
 
 
 @router.get(
@@ -51,6 +132,11 @@ def get_consistency(
     response_class=PlainTextResponse,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
-def get_public_key(portal: PortalDep) -> str:
+def get_public_key(request: Request, portal: PortalDep) -> Response:
     """The checkpoint signer's verifier key (C2SP note verifier key); public."""
-    return portal.verifier_key + "\n"
+    key = portal.verifier_key
+    etag = portal.etag("public-key", key)
+    if client_has(request, etag):
+        return not_modified(etag)
+    return Response(key + "\n", media_type="text/plain; charset=utf-8",
+                    headers=conditional_headers(etag))

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from billing.services import current_year, sla_figures
 from web import billing_bridge, services
 from web.accounts import Principal
-from web.deps import ApiDb, PortalDep, ReaderDep
+from web.conditional import client_has, json_answer, normalised_query, not_modified
+from web.db import LogState
+from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.pagecache import scope_key, view_stamp
+from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
-from web.schemas import ERRORS, ContractOut, SlaOut, YearOut, figures_out, month_out
+from web.schemas import (
+    CONDITIONAL,
+    ERRORS,
+    ContractOut,
+    SlaOut,
+    YearOut,
+    figures_out,
+    month_out,
+)
+from web.views import log_size
 
 router = APIRouter(prefix="/api/v1", tags=["contracts"], responses=ERRORS)
 
@@ -39,61 +53,167 @@ def _contract_out(spec: Any, now: Any) -> ContractOut:
     )
 
 
-@router.get("/contracts", response_model=list[ContractOut])
-def list_contracts(reader: ReaderDep, db: ApiDb, portal: PortalDep) -> list[ContractOut]:
-    """The caller's contracts (staff: every contract)."""
-    now = portal.now()
-    return [
-        _contract_out(services.contract_for(db, reader, c.contract_id), now)
-        for c in services.visible_contracts(db, reader)
-    ]
+def _visible(portal: Portal, reader: Principal, contract_id: str) -> LogState:
+    """The contract's log state if the caller may see it (one round trip), else 404."""
+    state = portal.db.visible_state(reader, contract_id)
+    if state is None:
+        raise NotFound()
+    return state
 
 
-@router.get("/contracts/{contract_id}", response_model=ContractOut)
-def get_contract(
-    contract_id: str, reader: ReaderDep, db: ApiDb, portal: PortalDep
-) -> ContractOut:
+def _json(obj: Any) -> bytes:
+    return bytes(JSONResponse(jsonable_encoder(obj)).body)
+
+
+@router.get(
+    "/contracts",
+    response_model=list[ContractOut],
+    responses={200: {"headers": PAGED_HEADERS}, **CONDITIONAL},
+)
+async def list_contracts(
+    request: Request,
+    reader: ReaderDep,
+    portal: PortalDep,
+    limit: LimitQ = DEFAULT_LIMIT,
+    cursor: CursorQ = None,
+) -> Response:
+    """The caller's contracts (staff: every contract), by contract id.
+
+    At most ``limit`` per page; a ``Link: <…>; rel="next"`` header names the next page.
+    """
+    return await run_in_threadpool(_list_contracts, request, reader, portal, limit, cursor)
+
+
+def _list_contracts(
+    request: Request, reader: Principal, portal: Portal, limit: int, cursor: str | None
+) -> Response:
+    scope = scope_key(reader)
+    after = None
+    if cursor is not None:
+        after = str(portal.cursors.decode(cursor, "contracts", scope)[0])
+    with portal.db.read(reader, snapshot=True) as db:
+        rows = services.contract_page(db, reader, after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        at = portal.figures_now()
+        etag = portal.etag(
+            "contracts", scope, normalised_query(request), tuple(rows), more, at
+        )
+        nxt = portal.cursors.encode("contracts", scope, [rows[-1][0]]) if more else None
+        links = link_headers(request, nxt)
+        if client_has(request, etag):
+            return not_modified(etag, links)
+        body = [_contract_out(services.contract_for(db, reader, cid), at) for cid, _ in rows]
+    return json_answer(request, etag, _json(body), links)
+
+
+@router.get("/contracts/{contract_id}", response_model=ContractOut, responses=CONDITIONAL)
+async def get_contract(
+    request: Request, contract_id: str, reader: ReaderDep, portal: PortalDep
+) -> Response:
     """One contract and its guarantee terms."""
-    return _contract_out(services.contract_for(db, reader, contract_id), portal.now())
+    return await run_in_threadpool(_get_contract, request, contract_id, reader, portal)
 
 
-@router.get("/contracts/{contract_id}/sla", response_model=SlaOut)
-def get_sla(
+def _get_contract(
+    request: Request, contract_id: str, reader: Principal, portal: Portal
+) -> Response:
+    state = _visible(portal, reader, contract_id)
+    at = portal.figures_now()
+    etag = portal.etag("contract", scope_key(reader), contract_id, state.size, at)
+    if client_has(request, etag):
+        return not_modified(etag)
+    with portal.db.read(reader) as db:
+        body = _contract_out(services.contract_for(db, reader, contract_id), at)
+    return json_answer(request, etag, _json(body))
+
+
+@router.get("/contracts/{contract_id}/sla", response_model=SlaOut, responses=CONDITIONAL)
+async def get_sla(
+    request: Request,
     contract_id: str,
     reader: ReaderDep,
-    db: ApiDb,
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100, description="Contract year K.")] = None,
     month: Annotated[
         str | None, Query(pattern=MONTH_PATTERN, description="A calendar month, YYYY-MM.")
     ] = None,
-) -> SlaOut:
+) -> Response:
     """The figures of a contract year (default: the current one) or of a month.
 
-    The same object as ``yoco sla CONTRACT --json``.
+    The same object as ``yoco sla CONTRACT --json``, computed at ``computed_at`` (the
+    request's time rounded down to the figures TTL), once per contract log size.
     """
-    services.contract_for(db, reader, contract_id)
+    return await run_in_threadpool(
+        _get_sla, request, contract_id, reader, portal, year, month
+    )
+
+
+def _get_sla(
+    request: Request,
+    contract_id: str,
+    reader: Principal,
+    portal: Portal,
+    year: int | None,
+    month: str | None,
+) -> Response:
+    state = _visible(portal, reader, contract_id)
     if year is not None and month is not None:
         raise NotFound("Give year or month, not both.")
+    at = portal.figures_now()
+
+    def tag(size: int) -> str:
+        return portal.etag("sla", scope_key(reader), contract_id, year, month, size, at)
+
+    etag = tag(state.size)
+    if client_has(request, etag):
+        return not_modified(etag)
     ym = services.parse_month(month)
-    report = sla_figures(db, contract_id, year=year, month=ym, now=portal.now())
-    return SlaOut(**report.to_json())
+
+    def compute() -> tuple[int, bytes]:
+        # One snapshot: the log size read first is the size the figures are of.
+        with portal.db.read(reader, snapshot=True) as db:
+            size = log_size(db, contract_id)
+            report = sla_figures(db, contract_id, year=year, month=ym, now=at)
+        return size, _json(report.to_json())
+
+    key = ("sla", contract_id, year, ym, state.size, at)
+    size, body = portal.figures.get_or_make(key, compute)
+    if size != state.size:  # the log grew meanwhile: not what the key says
+        portal.figures.forget(key)
+        etag = tag(size)
+    return json_answer(request, etag, body)
 
 
-@router.get("/contracts/{contract_id}/years/{year}", response_model=YearOut)
+@router.get(
+    "/contracts/{contract_id}/years/{year}", response_model=YearOut, responses=CONDITIONAL
+)
 async def get_year(
+    request: Request,
     contract_id: str,
     year: int,
     reader: ReaderDep,
     portal: PortalDep,
 ) -> Response:
     """A contract year's figures and its months (the dashboard's chart, as data)."""
-    return await run_in_threadpool(_get_year, contract_id, year, reader, portal)
+    return await run_in_threadpool(_get_year, request, contract_id, year, reader, portal)
 
 
-def _get_year(contract_id: str, year: int, reader: Principal, portal: Portal) -> Response:
-    # the scoped visibility check (one round trip), then the cached view
-    view = services.year_view_for(portal, reader, contract_id, year, portal.now())
+def _get_year(
+    request: Request, contract_id: str, year: int, reader: Principal, portal: Portal
+) -> Response:
+    state = _visible(portal, reader, contract_id)
+    at = portal.figures_now()
+
+    def tag(size: int, when: datetime) -> str:
+        return portal.etag("api-year", scope_key(reader), contract_id, year, size, when)
+
+    etag = tag(state.size, at)
+    if client_has(request, etag):
+        return not_modified(etag)
+    view = services.year_view_for(
+        portal, reader, contract_id, year, at, size=state.size, clock=portal.figures_now
+    )
 
     def render() -> bytes:
         out = YearOut(
@@ -105,14 +225,58 @@ def _get_year(contract_id: str, year: int, reader: Principal, portal: Portal) ->
         return bytes(JSONResponse(out.model_dump(mode="json")).body)
 
     key = ("api-year", scope_key(reader), *view_stamp(view))
-    return Response(portal.pages.get_or_make(key, render), media_type="application/json")
+    body = portal.pages.get_or_make(key, render)
+    return json_answer(request, tag(view.log_size, view.now), body)
 
 
-@router.get("/contracts/{contract_id}/credits", response_model=list[dict[str, Any]])
-def get_credits(contract_id: str, reader: ReaderDep, db: ApiDb) -> list[dict[str, Any]]:
-    """The renewal credits of a contract (amounts as decimal strings in its currency)."""
-    services.contract_for(db, reader, contract_id)
-    rows = billing_bridge.credit_rows(db, [contract_id])
+@router.get(
+    "/contracts/{contract_id}/credits",
+    response_model=list[dict[str, Any]],
+    responses={200: {"headers": PAGED_HEADERS}, **CONDITIONAL},
+)
+async def get_credits(
+    request: Request,
+    contract_id: str,
+    reader: ReaderDep,
+    portal: PortalDep,
+    limit: LimitQ = DEFAULT_LIMIT,
+    cursor: CursorQ = None,
+) -> Response:
+    """The renewal credits of a contract, newest first (amounts as decimal strings in its
+    currency).  At most ``limit`` per page; a ``Link`` header names the next page."""
+    return await run_in_threadpool(
+        _get_credits, request, contract_id, reader, portal, limit, cursor
+    )
+
+
+def _get_credits(
+    request: Request,
+    contract_id: str,
+    reader: Principal,
+    portal: Portal,
+    limit: int,
+    cursor: str | None,
+) -> Response:
+    state = _visible(portal, reader, contract_id)
+    before = None
+    if cursor is not None:
+        at_s, cid, seq = portal.cursors.decode(cursor, "credits", (contract_id,))
+        before = (datetime.fromisoformat(at_s), cid, int(seq))
+    etag = portal.etag(
+        "credits", scope_key(reader), contract_id, normalised_query(request), state.size
+    )
+    nxt = None
+    if client_has(request, etag):
+        return not_modified(etag)
+    with portal.db.read(reader) as db:
+        rows = billing_bridge.credit_rows(db, [contract_id], before=before, limit=limit + 1)
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        nxt = portal.cursors.encode(
+            "credits", (contract_id,),
+            [last["issued_at"].isoformat(), last["contract_id"], last["seq"]],
+        )
     for r in rows:
         r["issued_at"] = r["issued_at"].isoformat()
-    return rows
+    return json_answer(request, etag, _json(rows), link_headers(request, nxt))

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from ledger.errors import LedgerError
 from web import services
 from web.accounts import Principal
-from web.deps import ApiDb, PageDb, ReaderDep, UserDep
-from web.errors import Invalid
+from web.conditional import client_has, conditional_headers, not_modified
+from web.deps import PageDb, PortalDep, ReaderDep, UserDep
+from web.errors import Invalid, NotFound
+from web.pagecache import scope_key
 from web.schemas import ERRORS
 
 router = APIRouter(tags=["proofs"], responses=ERRORS)
@@ -54,13 +56,36 @@ def _download(
 @router.get(
     "/api/v1/contracts/{contract_id}/log.tar.gz",
     response_class=Response,
-    responses={200: {"content": {"application/gzip": {}}, "description": "The log's tiles."}},
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "The log's tiles."},
+        304: {"description": "Not modified: the tag in If-None-Match is still current."},
+    },
 )
 def api_log_export(
-    contract_id: str, reader: ReaderDep, db: ApiDb, checkpoint: _CheckpointQ = None
+    request: Request,
+    contract_id: str,
+    reader: ReaderDep,
+    portal: PortalDep,
+    checkpoint: _CheckpointQ = None,
 ) -> Response:
-    """The contract's log up to a signed checkpoint in the C2SP tlog-tiles layout (tar.gz)."""
-    return _download(db, reader, contract_id, checkpoint)
+    """The contract's log up to a signed checkpoint in the C2SP tlog-tiles layout (tar.gz).
+
+    The same checkpoint gives the same bytes; the tag names the checkpoint (the latest
+    one when none is asked for).
+    """
+    state = portal.db.visible_state(reader, contract_id)
+    if state is None:
+        raise NotFound()
+    etag = portal.etag("api-log", scope_key(reader), contract_id, checkpoint or state.signed)
+    if client_has(request, etag):
+        return not_modified(etag)
+    with portal.db.read(reader, snapshot=True) as db:
+        response = _download(db, reader, contract_id, checkpoint)
+    if checkpoint is None and response.headers["X-Yoco-Tree-Size"] != str(state.signed):
+        etag = portal.etag("api-log", scope_key(reader), contract_id,
+                           int(response.headers["X-Yoco-Tree-Size"]))
+    response.headers.update(conditional_headers(etag))
+    return response
 
 
 @router.get("/contracts/{contract_id}/log.tar.gz", include_in_schema=False)
