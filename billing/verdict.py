@@ -17,10 +17,12 @@ Nothing here uses floats.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
 __all__ = [
     "RATE_PLACES",
@@ -32,6 +34,7 @@ __all__ = [
     "format_seconds",
     "rate_percent",
     "verdict",
+    "verdict_of_json",
 ]
 
 #: Decimal places of every resolution rate shown to a person ("93.41 %").
@@ -190,6 +193,26 @@ def verdict(resolved: int, covered: int, threshold_percent: Decimal, closed: boo
     else:
         standing = Standing.ON_TRACK
     return Verdict(standing, resolved, covered, thr, bool(closed))
+
+
+def verdict_of_json(figures: Mapping[str, Any]) -> Verdict:
+    """The :class:`Verdict` of a ``yoco sla --json`` object (as the API serves it).
+
+    Judged again from its counts and threshold with :func:`verdict`, *closed* taken
+    from the standing the object states; raises ValueError when the counts and the
+    stated standing disagree (an object that was altered, or not one of ours).
+    """
+    stated = Standing(figures["standing"])
+    closed = stated in (Standing.MET, Standing.MISSED)
+    if stated is Standing.NO_COVERED:
+        closed = str(figures.get("computed_at", "")) >= str(figures.get("period_end", "~"))
+    v = verdict(int(figures["resolved_failures"]), int(figures["covered_failures"]),
+                Decimal(str(figures["threshold_percent"])), closed)
+    if v.standing is not stated:
+        raise ValueError(
+            f"the figures say {stated.value!r} but their counts give {v.standing.value!r}"
+        )
+    return v
 
 
 def rate_percent(resolved: int, covered: int) -> Fraction | None:

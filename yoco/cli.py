@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -45,6 +46,67 @@ err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class Remote:
+    """``yoco --server URL [--token T]``: read commands ask that portal's API instead of
+    the database (:mod:`yoco.client`)."""
+
+    server: str | None = None
+    token: str | None = None
+
+
+#: Set by the root options on every invocation.
+REMOTE = Remote()
+#: The commands that have a remote mode (the others refuse --server).
+REMOTE_COMMANDS = ("yoco sla", "yoco contracts list", "yoco ledger public-key")
+
+
+@app.callback()
+def _root(
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            envvar="YOCO_SERVER",
+            help="Ask a yoco portal's API at this address (https://…) instead of the "
+            "database: remote mode, for 'sla', 'contracts list' and 'ledger public-key'.",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="YOCO_TOKEN",
+            help="The API token of remote mode (yoco tokens create --customer …). Prefer "
+            "the YOCO_TOKEN variable: a command line is visible to other local users.",
+        ),
+    ] = None,
+) -> None:
+    REMOTE.server = server
+    REMOTE.token = token
+
+
+@contextmanager
+def remote_client() -> Iterator[Any]:
+    """The API client of remote mode; its errors become exit status 2 with the server's
+    message (1 when the server failed or cannot be reached)."""
+    from yoco.client import ApiError, Client, ConnectionFailed, ServerError
+
+    assert REMOTE.server is not None
+    try:
+        api = Client(REMOTE.server, REMOTE.token)
+    except ValueError as exc:
+        fail(f"--server: {exc}")
+    try:
+        yield api
+    except (ConnectionFailed, ServerError) as exc:
+        fail(str(exc), 1)
+    except ApiError as exc:
+        fail(str(exc))
+    finally:
+        api.close()
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -70,6 +132,15 @@ def application(*, schema: bool = True) -> Iterator[App]:
     from ledger.errors import LedgerError, SuperuserLogin, VerificationFailed
     from yoco.database import DatabaseStartError
 
+    if REMOTE.server is not None:
+        from typer._click.globals import get_current_context  # typer vendors its own click
+
+        here = get_current_context(silent=True)
+        name = here.command_path if here is not None else "this command"
+        fail(
+            f"{name} works on the database only; remote mode (--server) is available for "
+            f"{', '.join(REMOTE_COMMANDS)}"
+        )
     ctx = App()
     try:
         if schema:
@@ -268,41 +339,41 @@ def contracts_list(
 
     from ledger.contracts import list_contracts
 
-    with application() as ctx:
-        rows = _unit(ctx, list_contracts)
-        if as_json:
-            print(
-                json.dumps(
-                    [
-                        {
-                            "contract_id": r.contract_id,
-                            "customer": r.customer,
-                            "start_date": r.start_date.isoformat(),
-                            "timezone": r.timezone,
-                            "term_years": r.term_years,
-                            "currency": r.currency,
-                            "annual_value": str(r.annual_value),
-                        }
-                        for r in rows
-                    ],
-                    indent=2,
-                )
-            )
-            return
-        from yoco.render import grouped, print_table
+    if REMOTE.server is not None:
+        with remote_client() as api:
+            rows: list[dict[str, Any]] = [
+                {"contract_id": c.contract_id, "customer": c.customer,
+                 "start_date": c.start_date, "timezone": c.timezone,
+                 "term_years": c.term_years, "currency": c.currency,
+                 "annual_value": c.annual_value}
+                for c in api.contracts()
+            ]
+    else:
+        with application() as ctx:
+            rows = [
+                {"contract_id": r.contract_id, "customer": r.customer,
+                 "start_date": r.start_date.isoformat(), "timezone": r.timezone,
+                 "term_years": r.term_years, "currency": r.currency,
+                 "annual_value": str(r.annual_value)}
+                for r in _unit(ctx, list_contracts)
+            ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from yoco.render import grouped, print_table
 
-        table = Table("contract", "customer", "start", "tz", "years", "currency", "annual value")
-        for r in rows:
-            table.add_row(
-                r.contract_id,
-                r.customer,
-                r.start_date.isoformat(),
-                r.timezone,
-                str(r.term_years),
-                r.currency,
-                grouped(r.annual_value),
-            )
-        print_table(out, table)
+    table = Table("contract", "customer", "start", "tz", "years", "currency", "annual value")
+    for r in rows:
+        table.add_row(
+            r["contract_id"],
+            r["customer"],
+            r["start_date"],
+            r["timezone"],
+            str(r["term_years"]),
+            r["currency"],
+            grouped(r["annual_value"]),
+        )
+    print_table(out, table)
 
 
 # --- ledger ---------------------------------------------------------------------------
@@ -501,6 +572,10 @@ def ledger_export_log(
 @ledger_app.command("public-key")
 def ledger_public_key() -> None:
     """Print the checkpoint signer's verifier key (C2SP note verifier key)."""
+    if REMOTE.server is not None:
+        with remote_client() as api:
+            print(api.public_key())
+        return
     with application(schema=False) as ctx:
         print(ctx.signer.verifier_text())
 
@@ -605,6 +680,16 @@ def sla(
     if sum(x is not None for x in (year, month, as_of)) > 1:
         fail("give one of --year, --month or --as-of")
     ym = _parse_month(month)
+    if REMOTE.server is not None:
+        if as_of is not None:
+            fail("--as-of works on the database only (the API serves years and months)")
+        with remote_client() as api:
+            data = api.sla(contract_id, year=year, month=month).data
+        if as_json:
+            print(json.dumps(data, indent=2))
+        else:
+            print_sla(out, data)
+        return
     with application() as ctx:
         def figures(s: Any) -> Any:
             at = _parse_as_of(s, contract_id, as_of)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+
+from billing.verdict import Verdict, verdict_of_json
 
 
 def grouped(value: Any, places: int | None = None) -> str:
@@ -37,11 +40,17 @@ def print_table(console: Console, table: Table) -> None:
 
 def sla_table(report: Any) -> Table:
     """A two-column table of one period's figures, with the verdict in words."""
-    j = report.to_json()
-    v = report.verdict()
-    if report.month:
+    return sla_table_json(report.to_json(), report.verdict())
+
+
+def sla_table_json(j: Mapping[str, Any], v: Verdict | None = None) -> Table:
+    """:func:`sla_table` of a ``yoco sla --json`` object (local, or from the API): the
+    one layout of both modes.  ``v``: its verdict (default: judged again from ``j``)."""
+    if v is None:
+        v = verdict_of_json(j)
+    if j.get("month"):
         title = f"{j['contract_id']} ({j['customer']}) — month {j['month']}"
-    elif getattr(report, "as_of", None) is not None:
+    elif j.get("as_of") is not None:
         title = (
             f"{j['contract_id']} ({j['customer']}) — contract year {j['year']} to date, "
             f"as of {j['as_of']}"
@@ -93,5 +102,8 @@ def _money(credit: dict[str, Any]) -> str:
 
 
 def print_sla(console: Console, report: Any) -> None:
-    """Print one period's figures as a table."""
-    print_table(console, sla_table(report))
+    """Print one period's figures as a table (a report, or a ``--json`` object)."""
+    if isinstance(report, Mapping):
+        print_table(console, sla_table_json(report))
+    else:
+        print_table(console, sla_table(report))
