@@ -288,7 +288,7 @@ def _send(ctx: Any, ids: list[int], replay: bool) -> list[Delivered]:
 @alerts_app.command("replay")
 def replay_cmd(
     ids: Annotated[
-        list[int] | None, typer.Argument(help="Delivery ids (see `yoco alerts deliveries`).")
+        list[int] | None, typer.Argument(help="Delivery ids (see 'yoco alerts deliveries').")
     ] = None,
     failed: Annotated[bool, typer.Option("--failed", help="Every failed delivery.")] = False,
 ) -> None:
@@ -316,7 +316,7 @@ def replay_cmd(
 def test_cmd(name: Annotated[str, typer.Argument(help="The destination.")]) -> None:
     """Send a test event to one destination now; exit 1 if it did not arrive.
 
-    It is logged like any delivery (`yoco alerts deliveries`).
+    It is logged like any delivery ('yoco alerts deliveries').
     """
     from alerts.services import queue_test
 
@@ -344,7 +344,7 @@ def run_cmd(
 ) -> None:
     """Detect new events, then send pending deliveries (the cron command).
 
-    `yoco serve` does this after each close-due run, and `yoco billing close-due` does
+    'yoco serve' does this after each close-due run, and 'yoco billing close-due' does
     it too. Safe from several places at once: each event is raised and sent once.
     Exit 1 if a delivery failed.
     """

@@ -160,7 +160,7 @@ def close_due_cmd(
     alerts: Annotated[
         bool,
         typer.Option("--alerts/--no-alerts", help="Then run the alerts (detect, deliver): "
-                     "see `yoco alerts run`."),
+                     "see 'yoco alerts run'."),
     ] = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -171,7 +171,7 @@ def close_due_cmd(
     and safe from several places at once: a run takes a PostgreSQL advisory lock, and a
     run that finds another one at work does nothing (exit 0). A year is never closed
     twice and never gets two credits. Afterwards the alerts run (docs/alerts.md); a
-    failed alert delivery is reported on stderr and in `yoco alerts deliveries`, and
+    failed alert delivery is reported on stderr and in 'yoco alerts deliveries', and
     does not change the exit status.
     """
     from billing.schedule import close_due_run
