@@ -127,8 +127,9 @@ def run_training_job(ctx: App, console: Console, contract_id: str) -> str | None
         f"examples/mlp_train.py on 2 workers + 1 hot spare for contract "
         f"{contract_id}; injected: SIGKILL of rank 1 at step 8 (live migration onto "
         "the spare), rising corrected-ECC counts on rank 0 at step 14 (pre-emptive move), "
-        "a drain of rank 1 at step 20 (planned move), then every worker killed at step 36 "
-        "(rollback to the checkpoint of step 30; checkpoints every 10 steps). Each spare "
+        "a drain of rank 1 at step 20 (planned move), then every worker killed as step 36 "
+        "starts (recorded at step 35, the last committed; rollback to the checkpoint of "
+        "step 30, 5 steps lost; checkpoints every 10 steps). Each spare "
         "called in is replaced by one forked from a process that has imported torch."
     )
     faults = ["kill:rank=1:step=8", "warn:rank=0:step=14:signal=ecc_rising",
