@@ -325,6 +325,44 @@ class Reporter:
         return drained
 
 
+def parse_iso(text: str) -> float:
+    """The POSIX time of an ISO 8601 instant with an offset (a record's ``occurred_at``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def close_main(argv: list[str] | None, *, prog: str, description: str,
+               close_job: Callable[[AdapterConfig], tuple[int, bool]]) -> int:
+    """The ``python -m adapters.X close`` command every adapter has: read the job's
+    configuration (flags over ``YOCO_*`` variables), run ``close_job`` and say what it did.
+
+    Exit 0 when every record was delivered, 3 when records wait in the outbox, 2 on bad
+    configuration (nothing written)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    sub = ap.add_subparsers(dest="command", required=True)
+    close = sub.add_parser("close", help="record the end of the job and deliver")
+    close.add_argument("--state-dir", help="the job's state folder (YOCO_ADAPTER_DIR)")
+    close.add_argument("--job-id", help="the job id (YOCO_JOB_ID)")
+    close.add_argument("--contract", help="the contract id (YOCO_CONTRACT_ID)")
+    args = ap.parse_args(argv)
+    overrides = {k: v for k, v in (("state_dir", args.state_dir), ("job_id", args.job_id),
+                                    ("contract_id", args.contract)) if v}
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = AdapterConfig.from_env(**overrides)
+        failures, delivered = close_job(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"job {config.job_id}: {failures} failure(s) recorded; "
+          + ("every record delivered" if delivered else "records wait in the outbox"))
+    return 0 if delivered else 3
+
+
 def iso(ts: float) -> str:
     """Epoch seconds as an ISO 8601 timestamp with a UTC offset (microseconds)."""
     from datetime import UTC, datetime

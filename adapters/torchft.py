@@ -42,11 +42,9 @@ Use::
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,9 +59,11 @@ from adapters.common import (
     Reporter,
     StateDir,
     clip,
+    close_main,
     exception_note,
     failure_cause,
     iso,
+    parse_iso,
     write_new,
 )
 from runtime import records as R
@@ -178,7 +178,7 @@ class TorchFTJob:
         """
         att = attempts[k]
         held = att.progress.steps if att.progress is not None else 0
-        failed_at = _parse_iso(str(failure["occurred_at"]))
+        failed_at = parse_iso(str(failure["occurred_at"]))
         back = next((a for a in attempts[k + 1:] if a.first is not None), None)
         if back is not None and back.first is not None:
             first_step, done_at = back.first
@@ -188,7 +188,7 @@ class TorchFTJob:
         elif closing_at is not None:
             if finished is not None and held <= int(finished["step"]):
                 kind, lost = "live_migrated", 0
-                done_at = _parse_iso(str(finished["occurred_at"]))
+                done_at = parse_iso(str(finished["occurred_at"]))
             else:  # the job did not get past the steps this group had done
                 kind, lost, done_at = "failed", held, closing_at
         else:
@@ -384,38 +384,14 @@ def _read(path: Path) -> list[str] | None:
         return None
 
 
-def _parse_iso(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text).timestamp()
-
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m adapters.torchft close``: close a TorchFT job after its groups exit."""
-    ap = argparse.ArgumentParser(
-        prog="python -m adapters.torchft",
-        description="Close a TorchFT job's records after every replica group has exited: a "
-                    "group that did not finish gets its failure and outcome, and every "
-                    "group's outbox is delivered. Reads YOCO_CONTRACT_ID, YOCO_JOB_ID, "
-                    "YOCO_ADAPTER_DIR, YOCO_SINK and YOCO_SINK_ARGS.")
-    sub = ap.add_subparsers(dest="command", required=True)
-    close = sub.add_parser("close", help="record the end of the job and deliver")
-    close.add_argument("--state-dir", help="the job's state folder (YOCO_ADAPTER_DIR)")
-    close.add_argument("--job-id", help="the job id (YOCO_JOB_ID)")
-    close.add_argument("--contract", help="the contract id (YOCO_CONTRACT_ID)")
-    args = ap.parse_args(argv)
-    overrides = {k: v for k, v in (("state_dir", args.state_dir), ("job_id", args.job_id),
-                                    ("contract_id", args.contract)) if v}
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config = AdapterConfig.from_env(**overrides)
-        failures, delivered = close_job(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"job {config.job_id}: {failures} failure(s) recorded; "
-          + ("every record delivered" if delivered else "records wait in the outbox"))
-    return 0 if delivered else 3
+    return close_main(argv, prog="python -m adapters.torchft", close_job=close_job, description=(
+        "Close a TorchFT job's records after every replica group has exited: a group "
+        "that did not finish gets its failure and outcome, and every group's outbox is "
+        "delivered. Reads YOCO_CONTRACT_ID, YOCO_JOB_ID, YOCO_ADAPTER_DIR, YOCO_SINK "
+        "and YOCO_SINK_ARGS."))
 
 
 if __name__ == "__main__":

@@ -36,12 +36,10 @@ failure or outcome. Details and the choices made: docs/adapters.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,9 +54,11 @@ from adapters.common import (
     Reporter,
     StateDir,
     clip,
+    close_main,
     exception_note,
     failure_cause,
     iso,
+    parse_iso,
     write_new,
 )
 from runtime import records as R
@@ -178,7 +178,7 @@ class TorchJob:
         base = resumed.resumed_steps if resumed is not None else None
         # An attempt that held nothing lost nothing beyond what the next one loaded.
         held: int = att.held if att.held is not None else (base or 0)
-        failed_at = _parse_iso(str(failure["occurred_at"]))
+        failed_at = parse_iso(str(failure["occurred_at"]))
         if recovered is not None and recovered.first_step_at is not None:
             assert base is not None  # a step done implies a resume (step_done ensures it)
             kind, lost = "rolled_back", max(held - base, 0)
@@ -387,11 +387,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _parse_iso(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text).timestamp()
-
 
 def _step_seconds(attempts: list[Attempt], k: int) -> float:
     """The steady step time before failure ``k``: its attempt's, else an earlier one's,
@@ -405,31 +400,11 @@ def _step_seconds(attempts: list[Attempt], k: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m adapters.torchrun close``: close a torchrun job after torchrun exits."""
-    ap = argparse.ArgumentParser(
-        prog="python -m adapters.torchrun",
-        description="Close a torchrun job's records after torchrun has exited: every "
-                    "failure gets its outcome (failed when no later worker group completed a "
-                    "step), job_finished is written, and the outbox is delivered. Reads "
-                    "YOCO_CONTRACT_ID, YOCO_JOB_ID, YOCO_ADAPTER_DIR, YOCO_SINK and "
-                    "YOCO_SINK_ARGS like the training script.")
-    sub = ap.add_subparsers(dest="command", required=True)
-    close = sub.add_parser("close", help="record the end of the job and deliver")
-    close.add_argument("--state-dir", help="the job's state folder (YOCO_ADAPTER_DIR)")
-    close.add_argument("--job-id", help="the job id (YOCO_JOB_ID)")
-    close.add_argument("--contract", help="the contract id (YOCO_CONTRACT_ID)")
-    args = ap.parse_args(argv)
-    overrides = {k: v for k, v in (("state_dir", args.state_dir), ("job_id", args.job_id),
-                                    ("contract_id", args.contract)) if v}
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config = AdapterConfig.from_env(**overrides)
-        failures, delivered = close_job(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"job {config.job_id}: {failures} failure(s) recorded; "
-          + ("every record delivered" if delivered else "records wait in the outbox"))
-    return 0 if delivered else 3
+    return close_main(argv, prog="python -m adapters.torchrun", close_job=close_job, description=(
+        "Close a torchrun job's records after torchrun has exited: every failure gets "
+        "its outcome (failed when no later worker group completed a step), job_finished "
+        "is written, and the outbox is delivered. Reads YOCO_CONTRACT_ID, YOCO_JOB_ID, "
+        "YOCO_ADAPTER_DIR, YOCO_SINK and YOCO_SINK_ARGS like the training script."))
 
 
 if __name__ == "__main__":
