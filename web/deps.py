@@ -38,13 +38,33 @@ PortalDep = Annotated[Portal, Depends(_portal)]
 _UNKNOWN = object()
 
 
+def _token_key(value: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return None
+
+
 def _known_caller(request: Request, portal: Portal) -> Principal | object | None:
-    """The caller when that needs no database query (a session seen lately), else _UNKNOWN."""
+    """The caller when that needs no database query (a session or, for reads, a bearer
+    token seen live lately), else _UNKNOWN."""
     if hasattr(request.state, "principal"):
         cached: Principal | None = request.state.principal
         return cached
-    if request.headers.get("authorization") is not None:
-        return _UNKNOWN
+    header = request.headers.get("authorization")
+    if header is not None:
+        value = _bearer(header)
+        hit = portal.tokens.get(_token_key(value)) if value else None
+        if hit is None:
+            return _UNKNOWN
+        request.state.principal = hit
+        return hit
     token = portal.signer.session_token(
         request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
     )
@@ -78,10 +98,13 @@ def caller(request: Request, portal: Portal) -> Principal | None:
     found: Principal | None = None
     header = request.headers.get("authorization")
     if header is not None:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
+        value = _bearer(header)
+        if value:
             with portal.db.write() as s:
-                found = token_principal(s, value.strip())
+                found = token_principal(s, value)
+            if found is not None:
+                # Only the async readers (caller_async) look here; writers always ask.
+                portal.tokens.put(_token_key(value), found)
     else:
         token = portal.signer.session_token(
             request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600

@@ -145,6 +145,9 @@ class Portal:
         #: by contract, period, log size and instant: computed once each.
         self.figures = PageCache(settings.figures_cache_entries)
         self.sessions = SessionCache(settings.session_cache_seconds)
+        #: Bearer tokens seen live lately, by SHA-256 (reads only: ingest always asks the
+        #: database, so a revoked token stops posting at once; reading within the TTL).
+        self.tokens = SessionCache(settings.session_cache_seconds)
         self._lock = threading.Lock()
         self._clock = clock
 

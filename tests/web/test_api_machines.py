@@ -268,6 +268,78 @@ def test_sla_is_computed_once_per_log_size(api_app, client_of, seed, monkeypatch
     assert len(api_app.state.portal.figures) <= api_app.state.portal.figures.max_entries
 
 
+def test_every_input_of_the_figures_renews_the_cached_sla(
+    api_app, client_of, seed, seeded, monkeypatch
+) -> None:
+    """The cached /sla is keyed by the log size: every input of the figures is an entry
+    of the contract's own log (records, exclusions, dispute decisions, amendments), so
+    each one changes the key, and the next answer is computed anew and differs."""
+    from datetime import date
+
+    import web.routers.api_contracts as api
+    from billing.amendments import amend_contract
+    from billing.disputes import resolve_dispute
+    from yoco.database import unit_of_work
+
+    real = api.sla_figures
+    calls: list[Any] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "sla_figures", counted)
+    alice = client_of("a")
+    url = "/api/v1/contracts/C-A/sla"
+    ctx, _ = seeded
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def answer() -> tuple[str, dict[str, Any]]:
+        r = alice.get(url, params={"year": 1})
+        assert r.status_code == 200, r.text
+        again = alice.get(url, params={"year": 1})  # served from the cache: same tag
+        assert again.headers["etag"] == r.headers["etag"] and again.content == r.content
+        assert alice.get(url, params={"year": 1}, headers={
+            "If-None-Match": r.headers["etag"]}).status_code == 304
+        for tag, _body in seen:  # no earlier tag is current any more
+            assert alice.get(url, params={"year": 1},
+                             headers={"If-None-Match": tag}).status_code == 200
+        seen.append((r.headers["etag"], r.json()))
+        return seen[-1]
+
+    _, first = answer()
+    assert len(calls) == 1
+    fids = seed.failures["C-A"]
+    # 1. A dispute decided by an exclusion (dispute_resolved + exclusion entries).
+    with unit_of_work(ctx.engine) as s:
+        resolve_dispute(s, seed.disputes["C-A"], resolution="exclusion", decided_by="olga",
+                        note="agreed", now=NOW)
+    _, after_dispute = answer()
+    assert len(calls) == 2
+    assert after_dispute["covered_failures"] == first["covered_failures"] - 1
+    # 2. An exclusion posted as a record (the pending kernel panic).
+    _ingest(alice, seed, fx.rec("exclusion", "C-A", fx.T0 + timedelta(days=102),
+                                failure_event_id=fids[5], reason="customer's kernel",
+                                approved_by="olga"))
+    _, after_exclusion = answer()
+    assert len(calls) == 3
+    assert after_exclusion["covered_failures"] == after_dispute["covered_failures"] - 1
+    # 3. A contract edit: an amendment of the guarantee terms of the year in progress.
+    with unit_of_work(ctx.engine) as s:
+        amend_contract(s, "C-A", amendment_type="terms", effective_date=date(2026, 5, 1),
+                       changes={"terms": {"threshold_percent": "75"}},
+                       applies_to_year_in_progress=True, now=NOW)
+    _, amended = answer()
+    assert len(calls) == 4
+    assert amended["threshold_percent"] == "75" != after_exclusion["threshold_percent"]
+    # 4. A new failure record.
+    _ingest(alice, seed, fx.rec("failure", "C-A", fx.T0 + timedelta(days=132), job_id="j1",
+                                failure_class="unplanned", cause="gpu_lost"))
+    _, grown = answer()
+    assert len(calls) == 5
+    assert grown["covered_failures"] == amended["covered_failures"] + 1
+
+
 def test_figures_instant_rounds_down_to_the_ttl() -> None:
     from web.conditional import figures_instant
 
@@ -519,3 +591,37 @@ def test_every_read_route_for_every_caller_and_tenant(api_app, client_of, seed, 
                         path, tenant, caller, paged.status_code, paged.text[:200])
                 checked += 1
     assert checked >= 12 * 2 * 8
+
+
+def test_a_revoked_token_stops_posting_at_once_and_reading_within_the_cache_ttl(
+    seeded, seed
+) -> None:
+    """Live tokens are remembered for ``session_cache_seconds`` by the readers (a GET
+    asks no database for its caller); ingest always asks, so revoking stops it at once."""
+    from web.accounts import create_token, revoke_token, token_prefix
+    from web.app import create_app
+    from web.security import password_hasher
+    from web.settings import WebSettings
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    with unit_of_work(ctx.engine) as s:
+        token = create_token(s, name="both", contract_ids=["C-A"], customer="Acme AI").text
+
+    def app(ttl: float) -> Any:
+        return create_app(ctx, WebSettings(secret_key="test-secret", session_cache_seconds=ttl),
+                          hasher=password_hasher(cheap=True), clock=lambda: NOW)
+
+    h = {"Authorization": f"Bearer {token}"}
+    rec = fx.rec("job_started", "C-A", fx.T0, job_id="jt", gpus=8)
+    with TestClient(app(3600)) as cached, TestClient(app(0)) as uncached:
+        for c in (cached, uncached):
+            assert c.get("/api/v1/contracts/C-A", headers=h).status_code == 200
+        with unit_of_work(ctx.engine) as s:
+            assert revoke_token(s, token_prefix(token) or "")
+        assert cached.post("/api/v1/records", json=[rec], headers=h).status_code == 401
+        assert uncached.get("/api/v1/contracts/C-A", headers=h).status_code == 401
+        # Within the TTL, this process still lets the revoked token read (documented).
+        assert cached.get("/api/v1/contracts/C-A", headers=h).status_code == 200
+    with TestClient(app(3600)) as fresh:  # another process: asks the database
+        assert fresh.get("/api/v1/contracts/C-A", headers=h).status_code == 401

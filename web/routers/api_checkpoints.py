@@ -75,23 +75,32 @@ def _list_checkpoints(
                        normalised_query(request), state.signed)
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader) as db:
-        heads = services.checkpoints(db, reader, contract_id, below=below, limit=limit + 1)
-        nxt = None
-        if len(heads) > limit:
-            heads = heads[:limit]
-            nxt = portal.cursors.encode("checkpoints", (contract_id,), [heads[-1].tree_size])
-        body = [
-            CheckpointOut(
-                tree_size=cp.tree_size,
-                root_hash=base64.b64encode(bytes(cp.root_hash)).decode(),
-                origin=cp.origin,
-                signed_at=cp.signed_at,
-                note=cp.note,
-            ).model_dump(mode="json")
-            for cp in heads
-        ]
-    return json_answer(request, etag, bytes(JSONResponse(body).body), link_headers(request, nxt))
+
+    def render() -> tuple[bytes, str | None]:
+        with portal.db.read(reader) as db:
+            heads = services.checkpoints(db, reader, contract_id, below=below,
+                                         limit=limit + 1)
+            nxt = None
+            if len(heads) > limit:
+                heads = heads[:limit]
+                nxt = portal.cursors.encode("checkpoints", (contract_id,),
+                                            [heads[-1].tree_size])
+            body = [
+                CheckpointOut(
+                    tree_size=cp.tree_size,
+                    root_hash=base64.b64encode(bytes(cp.root_hash)).decode(),
+                    origin=cp.origin,
+                    signed_at=cp.signed_at,
+                    note=cp.note,
+                ).model_dump(mode="json")
+                for cp in heads
+            ]
+        return bytes(JSONResponse(body).body), nxt
+
+    # Kept under its tag: once a newer head is signed, every probe sees it, so the tag
+    # (and the key) differ and this body is not served again.
+    body, nxt = portal.pages.get_or_make(("api-body", etag), render)
+    return json_answer(request, etag, body, link_headers(request, nxt))
 
 
 @router.get(
@@ -122,9 +131,13 @@ def _get_consistency(
     etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2)
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader) as db:
-        bundle = services.consistency(db, reader, contract_id, size1, size2)
-    return json_answer(request, etag, bytes(JSONResponse(jsonable_encoder(bundle)).body))
+
+    def render() -> bytes:
+        with portal.db.read(reader) as db:
+            bundle = services.consistency(db, reader, contract_id, size1, size2)
+        return bytes(JSONResponse(jsonable_encoder(bundle)).body)
+
+    return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
 
 
 @router.get(

@@ -103,8 +103,10 @@ def _list_contracts(
         links = link_headers(request, nxt)
         if client_has(request, etag):
             return not_modified(etag, links)
-        body = [_contract_out(services.contract_for(db, reader, cid), at) for cid, _ in rows]
-    return json_answer(request, etag, _json(body), links)
+        # The tag names everything the body is made of: the body is kept under it.
+        body = portal.pages.get_or_make(("api-body", etag), lambda: _json(
+            [_contract_out(services.contract_for(db, reader, cid), at) for cid, _ in rows]))
+    return json_answer(request, etag, body, links)
 
 
 @router.get("/contracts/{contract_id}", response_model=ContractOut, responses=CONDITIONAL)
@@ -123,9 +125,12 @@ def _get_contract(
     etag = portal.etag("contract", scope_key(reader), contract_id, state.size, at)
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader) as db:
-        body = _contract_out(services.contract_for(db, reader, contract_id), at)
-    return json_answer(request, etag, _json(body))
+
+    def render() -> bytes:
+        with portal.db.read(reader) as db:
+            return _json(_contract_out(services.contract_for(db, reader, contract_id), at))
+
+    return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
 
 
 @router.get("/contracts/{contract_id}/sla", response_model=SlaOut, responses=CONDITIONAL)
@@ -265,18 +270,25 @@ def _get_credits(
     etag = portal.etag(
         "credits", scope_key(reader), contract_id, normalised_query(request), state.size
     )
-    nxt = None
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader) as db:
-        rows = billing_bridge.credit_rows(db, [contract_id], before=before, limit=limit + 1)
-    if len(rows) > limit:
-        rows = rows[:limit]
-        last = rows[-1]
-        nxt = portal.cursors.encode(
-            "credits", (contract_id,),
-            [last["issued_at"].isoformat(), last["contract_id"], last["seq"]],
-        )
-    for r in rows:
-        r["issued_at"] = r["issued_at"].isoformat()
-    return json_answer(request, etag, _json(rows), link_headers(request, nxt))
+
+    def render() -> tuple[bytes, str | None]:
+        nxt = None
+        with portal.db.read(reader) as db:
+            rows = billing_bridge.credit_rows(db, [contract_id], before=before,
+                                              limit=limit + 1)
+        if len(rows) > limit:
+            rows = rows[:limit]
+            last = rows[-1]
+            nxt = portal.cursors.encode(
+                "credits", (contract_id,),
+                [last["issued_at"].isoformat(), last["contract_id"], last["seq"]],
+            )
+        for r in rows:
+            r["issued_at"] = r["issued_at"].isoformat()
+        return _json(rows), nxt
+
+    # Credits are entries of the contract's log: the tag (its size) names the body.
+    body, nxt = portal.pages.get_or_make(("api-body", etag), render)
+    return json_answer(request, etag, body, link_headers(request, nxt))

@@ -154,15 +154,23 @@ def _get_failure(
     etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, state.size)
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader, snapshot=True) as db:
-        size = log_size(db, contract_id)
-        d = services.failure_detail(
-            db, reader, portal.views, contract_id, event_id, portal.figures_now()
-        )
-        out = _detail_out(d)
-    if size != state.size:
+
+    def render() -> tuple[int, bytes]:
+        with portal.db.read(reader, snapshot=True) as db:
+            size = log_size(db, contract_id)
+            d = services.failure_detail(
+                db, reader, portal.views, contract_id, event_id, portal.figures_now()
+            )
+            out = _detail_out(d)
+        return size, bytes(JSONResponse(out.model_dump(mode="json")).body)
+
+    # Kept under its tag (the scope, the failure and the log size name the body).
+    key = ("api-body", etag)
+    size, body = portal.pages.get_or_make(key, render)
+    if size != state.size:  # the log grew meanwhile: not what the tag says
+        portal.pages.forget(key)
         etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, size)
-    return json_answer(request, etag, bytes(JSONResponse(out.model_dump(mode="json")).body))
+    return json_answer(request, etag, body)
 
 
 def _detail_out(d: services.FailureDetail) -> FailureDetailOut:
@@ -224,9 +232,16 @@ def _get_proof(
     etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, state.signed)
     if client_has(request, etag):
         return not_modified(etag)
-    with portal.db.read(reader, snapshot=True) as db:
-        signed = services.latest_signed(db, contract_id)
-        bundle = services.entry_proof(db, reader, contract_id, event_id)
-    if signed != state.signed:
+
+    def render() -> tuple[int, bytes]:
+        with portal.db.read(reader, snapshot=True) as db:
+            signed = services.latest_signed(db, contract_id)
+            bundle = services.entry_proof(db, reader, contract_id, event_id)
+        return signed, bytes(JSONResponse(bundle).body)
+
+    key = ("api-body", etag)
+    signed, body = portal.pages.get_or_make(key, render)
+    if signed != state.signed:  # signed meanwhile: not what the tag says
+        portal.pages.forget(key)
         etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, signed)
-    return json_answer(request, etag, bytes(JSONResponse(bundle).body))
+    return json_answer(request, etag, body)
