@@ -28,6 +28,7 @@ __all__ = [
     "RetryPolicy",
     "check_host",
     "check_webhook_url",
+    "retry_policy_of",
     "unsafe_reason",
 ]
 
@@ -152,6 +153,21 @@ class RetryPolicy:
             raise ValueError("jitter: expected 0 <= j <= 1")
         full = min(self.cap_s, self.base_s * 2 ** (failed - 1))
         return full / 2 + full / 2 * jitter
+
+
+def retry_policy_of(settings: object) -> RetryPolicy:
+    """The retry policy of a deployment's settings (``YOCO_ALERTS_MAX_ATTEMPTS``,
+    ``…_BACKOFF_S``, ``…_BACKOFF_CAP_S``, ``…_TIMEOUT_S`` as ``yoco.settings.Settings``
+    reads them); a setting it lacks keeps :class:`RetryPolicy`'s default.  The one place
+    both the command line and the portal (replays) build it."""
+    default = RetryPolicy()
+    base = float(getattr(settings, "alerts_backoff_s", default.base_s))
+    return RetryPolicy(
+        max_attempts=int(getattr(settings, "alerts_max_attempts", default.max_attempts)),
+        base_s=base,
+        cap_s=max(float(getattr(settings, "alerts_backoff_cap_s", default.cap_s)), base),
+        timeout_s=float(getattr(settings, "alerts_timeout_s", default.timeout_s)),
+    )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -55,9 +55,11 @@ class NewEvent:
             raise ValueError("occurred_at: a time needs a UTC offset")
 
 
-def raise_event(session: Session, event: NewEvent) -> int | None:
+def raise_event(session: Session, event: NewEvent, *, deliver: bool = True) -> int | None:
     """Store ``event`` unless its key is stored already, with one pending delivery per
     enabled destination it matches; return the new event's id, or None (already raised).
+    ``deliver=False`` stores the event without deliveries (in the log, never sent: a
+    refusal held back by the flood limit, :func:`alerts.refusals.raise_refusal`).
 
     A destination matches when its ``event_kinds`` is empty or names the kind, and its
     ``customer`` is NULL (the operator's) or the event's contract's customer: a tenant's
@@ -87,6 +89,8 @@ def raise_event(session: Session, event: NewEvent) -> int | None:
     event_id = session.execute(stmt).scalar_one_or_none()
     if event_id is None:
         return None
+    if not deliver:
+        return int(event_id)
     session.execute(
         text(
             "INSERT INTO alert_deliveries (event_id, destination_id) "

@@ -41,6 +41,8 @@ EVENT_KINDS = (
 )
 DESTINATION_KINDS = ("webhook", "email")
 DELIVERY_STATES = ("pending", "delivered", "failed")
+#: Where a replay was asked for: ``yoco alerts replay`` or the portal's operator page.
+REPLAY_VIAS = ("cli", "portal")
 
 _TS = DateTime(timezone=True)
 
@@ -120,6 +122,8 @@ class AlertEvent(Base):
     __table_args__ = (
         CheckConstraint(_in("kind", EVENT_KINDS), name="kind_known"),
         Index(None, "customer", "id"),
+        # The refusal flood limit counts a window's record_refused events (migration 0018).
+        Index(None, "kind", "contract_id", "occurred_at"),
     )
 
 
@@ -172,6 +176,28 @@ class AlertAttempt(Base):
     __table_args__ = (Index(None, "delivery_id", "attempt"),)
 
 
+class AlertReplay(Base):
+    """Who asked for a delivery to be sent again, when, and from where (append-only): the
+    audit trail of replays, whether or not the replay then arrived (its attempts say)."""
+
+    __tablename__ = "alert_replays"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("alert_deliveries.id"), nullable=False
+    )
+    #: The operator: a portal user's e-mail, or the OS user who ran ``yoco alerts replay``.
+    requested_by: Mapped[str] = mapped_column(Text, nullable=False)
+    via: Mapped[str] = mapped_column(Text, nullable=False)
+    requested_at: Mapped[datetime] = mapped_column(_TS, nullable=False, server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint(_in("via", REPLAY_VIAS), name="via_known"),
+        CheckConstraint("length(requested_by) BETWEEN 1 AND 320", name="requested_by_length"),
+        Index(None, "delivery_id", "id"),
+    )
+
+
 class AlertYearStanding(Base):
     """The standing the detector last saw for an open contract year, and how often it
     worsened: the transition counter that makes the at-risk event's key deterministic."""
@@ -191,4 +217,5 @@ ALERT_TABLES = (
     "alert_deliveries",
     "alert_attempts",
     "alert_year_standings",
+    "alert_replays",
 )

@@ -22,10 +22,12 @@ from alerts.config import check_host, check_webhook_url
 from alerts.errors import BadDestination, UnknownDelivery, UnknownDestination
 from alerts.models import (
     EVENT_KINDS,
+    REPLAY_VIAS,
     AlertAttempt,
     AlertDelivery,
     AlertDestination,
     AlertEvent,
+    AlertReplay,
 )
 from ledger.models import Contract
 
@@ -42,6 +44,7 @@ __all__ = [
     "new_secret",
     "queue_replay",
     "queue_test",
+    "replays",
     "set_enabled",
 ]
 
@@ -309,10 +312,18 @@ def attempts_of(session: Session, delivery_id: int) -> list[AlertAttempt]:
 
 
 def queue_replay(session: Session, delivery_ids: Sequence[int] = (), *,
-                 failed: bool = False) -> list[int]:
+                 failed: bool = False, requested_by: str, via: str) -> list[int]:
     """Put deliveries back in the queue (``delivery_ids``, and with ``failed`` every failed
     one); return their ids. The event, its body and its idempotency key are unchanged.
-    Raises UnknownDelivery (nothing queued) for an unknown id."""
+
+    Audited: one ``alert_replays`` row per delivery queued, naming ``requested_by`` (the
+    operator) and ``via`` (``cli`` or ``portal``), in the same transaction. Raises
+    UnknownDelivery (nothing queued) for an unknown id, ValueError for a bad
+    ``requested_by``/``via`` (nothing queued)."""
+    if via not in REPLAY_VIAS:
+        raise ValueError(f"via: expected one of {', '.join(REPLAY_VIAS)}, got {via!r}")
+    if not isinstance(requested_by, str) or not 1 <= len(requested_by.strip()) <= 320:
+        raise ValueError("requested_by: who asks for the replay (1 to 320 characters)")
     ids = sorted(set(delivery_ids))
     found = set(session.execute(
         select(AlertDelivery.id).where(AlertDelivery.id.in_(ids))
@@ -329,8 +340,19 @@ def queue_replay(session: Session, delivery_ids: Sequence[int] = (), *,
     ).scalars():
         d.status = "pending"
         d.updated_at = now
+        session.add(AlertReplay(delivery_id=d.id, requested_by=requested_by.strip(), via=via,
+                                requested_at=now))
     session.flush()
     return ids
+
+
+def replays(session: Session, *, delivery_id: int | None = None,
+            limit: int = 100) -> list[AlertReplay]:
+    """The audit trail of replays, newest first (of one delivery with ``delivery_id``)."""
+    q = select(AlertReplay).order_by(AlertReplay.id.desc()).limit(max(1, min(limit, 10_000)))
+    if delivery_id is not None:
+        q = q.where(AlertReplay.delivery_id == delivery_id)
+    return list(session.execute(q).scalars())
 
 
 def queue_test(session: Session, name: str, *, now: datetime | None = None) -> int:

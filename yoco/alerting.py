@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from alerts.config import AlertsConfig, RetryPolicy
+from alerts.config import AlertsConfig, retry_policy_of
 from alerts.detect import DetectRun, detect_run
 from alerts.refusals import RefusalRecorder
 from alerts.send import Delivered, deliver_next, describe
@@ -40,12 +40,7 @@ def alerts_config(settings: Settings) -> AlertsConfig:
     """The alerts' settings from ``YOCO_ALERTS_*`` (ValueError names a bad one)."""
     return AlertsConfig(
         checkpoint_max_age=timedelta(seconds=settings.alerts_checkpoint_max_age_s),
-        retry=RetryPolicy(
-            max_attempts=settings.alerts_max_attempts,
-            base_s=settings.alerts_backoff_s,
-            cap_s=max(settings.alerts_backoff_cap_s, settings.alerts_backoff_s),
-            timeout_s=settings.alerts_timeout_s,
-        ),
+        retry=retry_policy_of(settings),
     )
 
 

@@ -226,13 +226,17 @@ def deliveries_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The delivery log, newest first: status, attempts, the last answer or error."""
-    from alerts.services import attempts_of, deliveries
+    from alerts.services import attempts_of, deliveries, replays
 
     with application() as ctx, _unit(ctx) as s:
         rows = [d.to_json() for d in deliveries(s, status=status, destination=destination,
                                                  limit=10_000 if delivery else limit)]
         attempts = []
+        asked: list[dict[str, Any]] = []
         if delivery is not None:
+            asked = [{"requested_by": r.requested_by, "via": r.via,
+                      "requested_at": r.requested_at.isoformat()}
+                     for r in reversed(replays(s, delivery_id=delivery, limit=10_000))]
             rows = [r for r in rows if r["id"] == delivery]
             attempts = [
                 {"attempt": a.attempt, "at": a.at.isoformat(), "ok": a.ok,
@@ -242,10 +246,13 @@ def deliveries_cmd(
             ]
     if delivery is not None:
         if as_json:
-            _print_json({**rows[0], "attempts": attempts} if rows else {})
+            _print_json({**rows[0], "attempts": attempts, "replays": asked} if rows else {})
             return
         for k, v in (rows[0] if rows else {}).items():
             out.print(f"{k}: {v}", highlight=False)
+        for r in asked:
+            out.print(f"  replay asked by {r['requested_by']} ({r['via']}) at "
+                      f"{r['requested_at']}", highlight=False)
         for a in attempts:
             outcome = "ok" if a["ok"] else "failed"
             wait = f", next try in {a['backoff_s']:.2f} s" if a["backoff_s"] else ""
@@ -278,6 +285,17 @@ def _report(sent: list[Delivered]) -> None:
                       f"{d.attempts} attempt(s): {d.error}", highlight=False)
 
 
+def _os_user() -> str:
+    """Who runs this command, for the replay audit trail (the OS account)."""
+    import getpass
+    import os
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (containers)
+        return f"uid {os.getuid()}"
+
+
 def _send(ctx: Any, ids: list[int], replay: bool) -> list[Delivered]:
     from yoco.alerting import alerts_config, deliver_pending
 
@@ -302,7 +320,9 @@ def replay_cmd(
         fail("give delivery ids or --failed")
     with application() as ctx:
         with _unit(ctx) as s:
-            queued = queue_replay(s, ids or [], failed=failed)
+            # Audited (alert_replays): who ran it, from the command line.
+            queued = queue_replay(s, ids or [], failed=failed, requested_by=_os_user(),
+                                  via="cli")
         if not queued:
             out.print("nothing to replay")
             return

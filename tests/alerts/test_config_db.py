@@ -153,6 +153,12 @@ def test_cli_configure_test_list_deliveries_and_replay(yoco_env, engine, receive
         assert "delivered" in yoco("alerts", "replay", str(failed_id))
         assert receiver.requests[-1].headers["Idempotency-Key"] == \
             receiver.requests[-2].headers["Idempotency-Key"]
+        # The replay is audited: who asked, from where; shown with the delivery.
+        shown = json.loads(yoco("alerts", "deliveries", "--id", str(failed_id), "--json"))
+        [asked] = shown["replays"]
+        assert asked["via"] == "cli" and asked["requested_by"]
+        assert shown["attempts"][-1]["ok"] and shown["attempts"][-1]["replay"]
+        assert "replay asked by" in yoco("alerts", "deliveries", "--id", str(failed_id))
         assert yoco("alerts", "replay", "--failed").strip() == "nothing to replay"
         yoco("alerts", "replay", "999999", code=2)
         yoco("alerts", "replay", code=2)

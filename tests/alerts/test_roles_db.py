@@ -45,7 +45,8 @@ def test_no_process_role_may_delete_truncate_or_rewrite_alerts(
         engines: dict[str, Engine], table: str) -> None:  # noqa: F811
     key_column = {"alert_destinations": "url", "alert_events": "key",
                   "alert_deliveries": "event_id", "alert_attempts": "ok",
-                  "alert_year_standings": "contract_id"}[table]
+                  "alert_year_standings": "contract_id",
+                  "alert_replays": "requested_by"}[table]
     allowed = []
     for who, engine in engines.items():
         for sql in (

@@ -124,7 +124,8 @@ def test_a_refusing_receiver_ends_in_a_failed_delivery_in_the_log_and_replay_res
     assert deliver_pending(engine, CONFIG, sleep=no_sleep) == []
     receiver.fail(0)
     with unit_of_work(engine) as s:
-        assert queue_replay(s, [d.delivery_id]) == [d.delivery_id]
+        assert queue_replay(s, [d.delivery_id], requested_by="olga", via="cli") == [
+            d.delivery_id]
     [again] = deliver_pending(engine, CONFIG, delivery_ids=[d.delivery_id], replay=True,
                               sleep=no_sleep)
     assert again.status == "delivered"

@@ -93,6 +93,25 @@ def _expect_ingest(caller: str, tenant: str | None) -> str | int:
     return "ok" if caller == f"ingest_{tenant.lower()}" else 403  # type: ignore[union-attr]
 
 
+def _a_failed_delivery(c: TestClient) -> int:
+    """A failed delivery to a disabled webhook (a replay fails at once, sending nothing)."""
+    from alerts.events import NewEvent, raise_event
+    from alerts.services import add_webhook, list_destinations, set_enabled
+
+    portal = c.app.state.portal  # type: ignore[attr-defined]
+    with portal.db.write() as s:
+        if not list_destinations(s):
+            add_webhook(s, name="walk-hook", url="http://127.0.0.1:9/walk")
+        set_enabled(s, "walk-hook", True)
+        raise_event(s, NewEvent(kind="test", key=f"test:walk:{uuid.uuid4()}",
+                                occurred_at=NOW, subject="walk", data={}))
+        set_enabled(s, "walk-hook", False)
+        did = s.execute(text("SELECT max(id) FROM alert_deliveries")).scalar_one()
+        s.execute(text("UPDATE alert_deliveries SET status = 'failed' WHERE id = :i"),
+                  {"i": did})
+    return int(did)
+
+
 def _expect_login(caller: str, tenant: str | None) -> str | int:
     return 403 if caller in TOKENS else "ok"  # a token has no form (no CSRF token)
 
@@ -130,6 +149,12 @@ CASES: dict[tuple[str, str], Case] = {
             "/operator/years/close", data={"csrf_token": csrf, "contract_id": cid, "year": "1"},
             follow_redirects=False),
         expect=_operator_only, writes=True),
+    ("POST", "/operator/alerts/replay"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            "/operator/alerts/replay",
+            data={"csrf_token": csrf, "delivery_id": str(_a_failed_delivery(c))},
+            follow_redirects=False),
+        expect=_operator_only, writes=True, tenanted=False),  # writes the replay's audit row
     ("POST", "/finance/export.{fmt}"): Case(
         call=lambda c, cid, csrf, seed: c.post(
             "/finance/export.csv", data={"csrf_token": csrf}, follow_redirects=False),
@@ -177,7 +202,8 @@ def ledger_state(engine: Any) -> tuple[Any, ...]:
             "SELECT log_id, tree_size FROM checkpoints ORDER BY log_id, tree_size")).all()
         disputes = c.execute(text(
             "SELECT dispute_id, status FROM billing_disputes ORDER BY dispute_id")).all()
-    return tuple(logs), tuple(heads), tuple(disputes)
+        replays = c.execute(text("SELECT count(*) FROM alert_replays")).scalar_one()
+    return tuple(logs), tuple(heads), tuple(disputes), replays
 
 
 @pytest.fixture
@@ -263,6 +289,7 @@ def test_every_write_route_allows_exactly(walk_app, seeded, tokens) -> None:
         ("POST", "/contracts/{contract_id}/failures/{event_id}/disputes", "cust_b", "B"),
         ("POST", "/finance/export.{fmt}", "fin", None),
         ("POST", "/finance/export.{fmt}", "op", None),
+        ("POST", "/operator/alerts/replay", "op", None),
         ("POST", "/operator/checkpoints", "op", None),
         ("POST", "/operator/disputes/{dispute_id}", "op", "A"),
         ("POST", "/operator/disputes/{dispute_id}", "op", "B"),

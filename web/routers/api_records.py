@@ -188,13 +188,12 @@ def _alert(portal: Any, objs: list[Any], errors: list[RecordError],
     write to it, so a customer's destination never hears of another token's records.
     Never fails the request: the refusal must reach the sender.
     """
-    from alerts.events import raise_event
-    from alerts.refusals import refusal_event
+    from alerts.refusals import raise_refusal, refusal_event
 
     try:
         event = refusal_event(objs, errors, source="API", scope=allowed)
         with portal.db.write() as session:
-            raise_event(session, event)
+            raise_refusal(session, event)  # under the flood limit (docs/alerts.md)
     except Exception:
         log.exception("could not store the record_refused alert (the refusal stands)")
 
