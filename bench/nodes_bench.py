@@ -2,12 +2,19 @@
 (own name, own process group), the real `yoco run --nnodes` on every host.
 
     python bench/nodes_bench.py [--section recovery|hang|throughput|scaling|all] [--reps N]
-        [--node-timeout S]
+        [--node-timeout S] [--keep-logs DIR]
+
+A run that fails (the job fails, never reaches the kill step, a host does not end) keeps
+its folder -- every host's log, the coordinator's run folder and outbox -- and prints
+where; ``--keep-logs DIR`` keeps every run's folder under DIR (default: a temporary
+folder, deleted at the end).
 
 * recovery: 3 training hosts + 1 spare host, one rank each; host 1's process group is
-  SIGKILLed mid-training; kill -> first completed step on the new group, against the
-  state bytes / loopback bandwidth (raw TCP and gloo send/recv, best of several, the
-  same probes as bench/runtime_bench.py), state bytes counted from the model;
+  SIGKILLed mid-training; the stall (kill -> first completed step on the new group,
+  minus one steady step: design section 6) against the state bytes / loopback
+  bandwidth (raw TCP and gloo send/recv, best of several, the same probes as
+  bench/runtime_bench.py), state bytes counted from the model; each run's phases
+  (detected, plan seen, group formed, state synced, first step) after the kill;
 * hang: host 1's process group is SIGSTOPped; time from the stop to the fence (the
   coordinator's log line) against the steady step time;
 * throughput: mean step time with 3 hosts of agents vs the single-host launcher with 3
@@ -21,12 +28,12 @@ docs/benchmarks-runtime.md ("Across hosts").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,38 +41,30 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-from runtime_bench import ENV, gloo_bandwidth, load, tcp_bandwidth  # noqa: E402
+from runtime_bench import ENV, SPARSE, gloo_bandwidth, load, tcp_bandwidth  # noqa: E402
 
+from runtime.nodes import free_rendezvous_port  # noqa: E402
 from runtime.sink import JsonlFileSink  # noqa: E402
 from runtime.supervisor import LaunchConfig, launch  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
-# ~3.2 M parameters; with Adam's two moments 38 MB of state.
-MODEL = ["--hidden", "1024", "--layers", "3", "--dim", "256", "--batch", "32"]
-
-
-def state_bytes() -> int:
-    """Parameters and Adam's two moments of MODEL, in bytes (what a transfer moves)."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    import mlp_train  # type: ignore[import-not-found,unused-ignore]
-
-    ap = argparse.ArgumentParser()
-    mlp_train.add_model_args(ap)
-    model = mlp_train.build_model(ap.parse_args(MODEL))
-    return sum(p.numel() * p.element_size() * 3 for p in model.parameters())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: --keep-logs: keep every run's folder (a failed run's is always kept).
+KEEP = False
+HOSTS = [2, 4, 8]
+# --model small: ~2.4 M parameters; with Adam's two moments 28 MB of state (a step of
+# ~60-100 ms here: the hang and throughput sections' model).
+SMALL = ["--hidden", "1024", "--layers", "3", "--dim", "256", "--batch", "32"]
+# --model sparse: section 2's recommender model (12 embedding tables, sparse gradients,
+# Adagrad): ~205 MB of state, a short step; the recovery's bytes term is measurable.
+MODELS = {"small": SMALL, "sparse": SPARSE}
+MODEL = SMALL
 
 
 class Hosts:
@@ -77,7 +76,7 @@ class Hosts:
         self.tmp.mkdir(parents=True)
         self.sink = self.tmp / "records.jsonl"
         self.time_file = self.tmp / "step.time"
-        port = free_port()
+        port = free_rendezvous_port()
         self.procs = []
         for k in range(train + spare):
             log = (self.tmp / f"host{k}.log").open("wb")
@@ -93,28 +92,54 @@ class Hosts:
                 env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True))
 
-    def progress_at(self, step: int) -> None:
+    def progress_at(self, step: int, timeout: float = 300) -> None:
         outbox = self.tmp / "runs" / self.name / "outbox" / "records.jsonl"
-        deadline = time.time() + 300
+        deadline = time.time() + timeout
         while time.time() < deadline:
             if outbox.exists() and any('"job_progress"' in ln and json.loads(ln)["step"] >= step
                                        for ln in outbox.read_text().splitlines()):
                 return
+            if self.procs[0].poll() is not None:
+                self.fail(f"the coordinator's host ended (exit {self.procs[0].returncode}) "
+                          f"before step {step}")
             time.sleep(0.02)
-        raise RuntimeError(f"{self.name}: never reached step {step}")
+        self.fail(f"never reached step {step} in {timeout:.0f} s")
+
+    def fail(self, why: str) -> NoReturn:
+        """Stop every host (SIGCONT then SIGKILL of its group), keep this run's folder
+        (every host's log, the run folder, the outbox) and raise with where it is."""
+        for p in self.procs:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(OSError):
+                    os.killpg(p.pid, sig)
+        for p in self.procs:
+            p.wait()
+        kept = self.tmp if KEEP else \
+            Path(tempfile.gettempdir()) / f"yoco-nodes-bench-failed-{self.name}-{os.getpid()}"
+        if kept != self.tmp:
+            shutil.copytree(self.tmp, kept, dirs_exist_ok=True)
+        tail = (self.tmp / "host0.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{self.name}: {why}; logs kept in {kept}\n--- host0.log (tail)\n"
+                           f"{tail}")
 
     def finish(self) -> list[dict[str, Any]]:
-        code = self.procs[0].wait(timeout=600)
-        if code != 0:  # keep the run folder (logs of every host) for a look
-            kept = Path(tempfile.gettempdir()) / f"yoco-nodes-bench-failed-{self.name}"
-            shutil.copytree(self.tmp, kept, dirs_exist_ok=True)
-            raise RuntimeError(f"{self.name}: the job failed (exit {code}); logs in {kept}")
-        for p in self.procs[1:]:
+        try:
+            code = self.procs[0].wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            self.fail("the coordinator's host did not end within 600 s")
+        if code != 0:
+            self.fail(f"the job failed (exit {code})")
+        for k, p in enumerate(self.procs[1:], 1):
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                self.fail(f"host{k} did not end within 60 s of the coordinator")
         return JsonlFileSink(self.sink).read_all()
+
+    def done(self) -> None:
+        """Delete this run's folder (kept with --keep-logs)."""
+        if not KEEP:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _ts(rec: dict[str, Any]) -> float:
@@ -122,36 +147,62 @@ def _ts(rec: dict[str, Any]) -> float:
 
 
 def one_recovery(tmp: Path, name: str, train: int, node_timeout: float) -> dict[str, float]:
-    """TRAIN training hosts + 1 spare host; host 1 (a training host) is killed."""
+    """TRAIN training hosts + 1 spare host; host 1 (a training host) is killed. Returns
+    the phases, in seconds after the kill (the coordinator's log lines and rank 0's
+    timing of the new generation)."""
     h = Hosts(tmp, name, train=train, spare=1, steps=40, node_timeout=node_timeout)
     h.progress_at(15)
     killed = time.time()
     os.killpg(h.procs[1].pid, signal.SIGKILL)
     recs = h.finish()
-    fail = next(r for r in recs if r["kind"] == "failure")
-    out = next(r for r in recs if r["kind"] == "outcome")
-    assert (fail["cause"], out["outcome"], out["lost_steps"]) == ("node_lost", "live_migrated", 0)
-    first_step = _ts(fail) + out["recovery_seconds"]
-    shutil.rmtree(h.tmp, ignore_errors=True)
-    return {"total": first_step - killed, "steady": out["step_seconds"]}
+    fails = [r for r in recs if r["kind"] == "failure"]
+    outs = [r for r in recs if r["kind"] == "outcome"]
+    of = {o["failure_event_id"]: o for o in outs}
+    got = [(f["cause"], f["node"], of[f["event_id"]]["outcome"] if f["event_id"] in of else None,
+            of[f["event_id"]]["lost_steps"] if f["event_id"] in of else None) for f in fails]
+    if got != [("node_lost", "host1", "live_migrated", 0)]:
+        h.fail(f"expected one live migration of host1's loss, got {got}")
+    log = (h.tmp / "host0.log").read_text()
+    lost = re.search(r"^(\S+ \S+) yoco\.runtime\.nodepool node host1 lost", log, re.M)
+    ready = re.search(r"generation \d+ ready: (\{.*\})$", log, re.M)
+    if not (lost and ready):
+        h.fail("the coordinator's log lacks the loss or the ready line")
+    t = json.loads(ready.group(1))
+    first_step = _ts(fails[0]) + outs[0]["recovery_seconds"]
+    h.done()
+    return {"total": first_step - killed, "steady": outs[0]["step_seconds"],
+            "bytes": t["bytes"],
+            "detected": _log_ts(lost.group(1)) - killed, "seen": t["seen"] - killed,
+            "pg": t["pg"] - killed, "synced": t["synced"] - killed}
+
+
+def _log_ts(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def bandwidth(nbytes: int) -> float:
+    """The best loopback bandwidth (bytes/s) moving ``nbytes``: raw TCP or gloo."""
+    return max(max(tcp_bandwidth(nbytes), gloo_bandwidth(nbytes)) for _ in range(3))
+
+
+def report(tag: str, train: int, runs: list[dict[str, float]], bound: float) -> None:
+    """Print each run's phases and the stall (kill -> first step minus one steady step)
+    against the bound, then the median."""
+    ratios = []
+    for r in runs:
+        stall = r["total"] - r["steady"]
+        ratios.append(stall / bound)
+        print(f"[nodes/{tag}]   {train} hosts: kill -> detected {r['detected'] * 1e3:.0f}, "
+              f"plan seen {r['seen'] * 1e3:.0f}, group formed {r['pg'] * 1e3:.0f}, state "
+              f"synced {r['synced'] * 1e3:.0f}, first step done {r['total'] * 1e3:.0f} ms; "
+              f"steady step {r['steady'] * 1e3:.0f} ms; stall {stall * 1e3:.0f} ms = "
+              f"{ratios[-1]:.2f} x bound")
+    print(f"[nodes/{tag}] {train} training hosts + 1 spare: median stall / bound "
+          f"{statistics.median(ratios):.2f} (goal <= 2; {len(runs)} runs); {load()}")
 
 
 def recovery(tmp: Path, reps: int, node_timeout: float) -> None:
-    nbytes = state_bytes()
-    runs = [one_recovery(tmp, f"rec{i}", 3, node_timeout) for i in range(reps)]
-    bw = max(max(tcp_bandwidth(nbytes), gloo_bandwidth(nbytes)) for _ in range(2))
-    bound = nbytes / bw
-    totals = [r["total"] for r in runs]
-    print(f"[nodes/recovery] 3 hosts + 1 spare host, 1 rank each, host1's process group "
-          f"SIGKILLed at step >= 15; {reps} runs; {load()}")
-    print(f"[nodes/recovery] state {nbytes / 1e6:.1f} MB; loopback best {bw / 2**30:.2f} GiB/s "
-          f"-> bound {bound * 1e3:.0f} ms; steady step "
-          f"{statistics.median(r['steady'] for r in runs) * 1e3:.0f} ms")
-    for t in totals:
-        print(f"[nodes/recovery]   kill -> first completed step {t * 1e3:.0f} ms = "
-              f"{t / bound:.2f} x bound")
-    med = statistics.median(totals)
-    print(f"[nodes/recovery] median {med * 1e3:.0f} ms = {med / bound:.2f} x bound (goal <= 3)")
+    scaling(tmp, reps, node_timeout, hosts=[3], tag="recovery")
 
 
 def hang(tmp: Path, reps: int, node_timeout: float) -> None:
@@ -164,14 +215,15 @@ def hang(tmp: Path, reps: int, node_timeout: float) -> None:
         recs = h.finish()
         log = (h.tmp / "host0.log").read_text()
         m = re.search(r"^(\S+ \S+) yoco\.runtime\.nodepool node host1 silent", log, re.M)
-        assert m, log
-        fenced = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if not m:
+            h.fail("the coordinator's log has no fence of host1")
+        fenced = _log_ts(m.group(1))
         out = next(r for r in recs if r["kind"] == "outcome")
         detect = fenced - stopped
         ratios.append(detect / out["step_seconds"])
         print(f"[nodes/hang]   SIGSTOP -> fenced {detect * 1e3:.0f} ms; steady step "
               f"{out['step_seconds'] * 1e3:.0f} ms -> {ratios[-1]:.1f} x")
-        shutil.rmtree(h.tmp, ignore_errors=True)
+        h.done()
     print(f"[nodes/hang] --node-timeout {node_timeout}: median {statistics.median(ratios):.1f} x "
           f"the steady step (goal <= 5); {load()}")
 
@@ -197,13 +249,18 @@ def throughput(tmp: Path, reps: int, node_timeout: float) -> None:
           f"(goal >= 0.98); {load()}")
 
 
-def scaling(tmp: Path, reps: int, node_timeout: float) -> None:
-    for hosts in (2, 4, 8):
-        totals = [one_recovery(tmp, f"sc{hosts}-{i}", hosts, node_timeout)["total"]
-                  for i in range(reps)]
-        print(f"[nodes/scaling] {hosts} training hosts + 1 spare: kill -> first step "
-              f"median {statistics.median(totals) * 1e3:.0f} ms "
-              f"({', '.join(f'{t * 1e3:.0f}' for t in totals)}); {load()}")
+def scaling(tmp: Path, reps: int, node_timeout: float, hosts: list[int] | None = None,
+            tag: str = "scaling") -> None:
+    print(f"[nodes/{tag}] model {' '.join(MODEL)}; 1 rank per host; host1's process group "
+          f"SIGKILLed at step >= 15; {reps} run(s) per point; {load()}")
+    for n in hosts or HOSTS:
+        runs = [one_recovery(tmp, f"{tag}{n}-{i}", n, node_timeout) for i in range(reps)]
+        nbytes = max(int(r["bytes"]) for r in runs)
+        bw = bandwidth(nbytes)
+        bound = nbytes / bw
+        print(f"[nodes/{tag}] state moved {nbytes / 1e6:.1f} MB; loopback best "
+              f"{bw / 2**30:.2f} GiB/s -> bound {bound * 1e3:.0f} ms")
+        report(tag, n, runs, bound)
 
 
 def main() -> None:
@@ -212,16 +269,31 @@ def main() -> None:
                     choices=["recovery", "hang", "throughput", "scaling", "all"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--node-timeout", type=float, default=2.0)
+    ap.add_argument("--hosts", default="2,4,8", help="scaling: training hosts to measure")
+    ap.add_argument("--model", choices=sorted(MODELS), default="small",
+                    help="small: 28 MB of state (default); sparse: section 2's 205 MB")
+    ap.add_argument("--keep-logs", metavar="DIR", default=None,
+                    help="keep every run's folder (host logs, run folder) under DIR")
     a = ap.parse_args()
+    global KEEP, HOSTS, MODEL
+    HOSTS = [int(x) for x in a.hosts.split(",")]
+    MODEL = MODELS[a.model]
     torch.set_num_threads(1)
-    tmp = Path(tempfile.mkdtemp(prefix="yoco-nodes-bench-"))
+    if a.keep_logs:
+        KEEP = True
+        Path(a.keep_logs).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="yoco-nodes-bench-", dir=a.keep_logs))
+        print(f"[nodes] keeping every run's logs under {tmp}")
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="yoco-nodes-bench-"))
     try:
         for name, fn in (("recovery", recovery), ("hang", hang), ("throughput", throughput),
                          ("scaling", scaling)):
             if a.section in ("all", name):
                 fn(tmp, a.reps, a.node_timeout)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not KEEP:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

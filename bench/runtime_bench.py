@@ -413,17 +413,20 @@ def jct(tmp: Path, reps: int) -> None:
 
 
 def hang(tmp: Path, reps: int) -> None:
-    """SIGSTOP one of 2 workers mid-training; the step watchdog fences it. Latency =
-    the fenced worker's end (SIGKILL, seen in /proc) - the SIGSTOP; against the steady
-    step time (the outcome's step_seconds). Default floor, and a low one that
-    shows what the mechanism itself costs."""
+    """SIGSTOP one of 2 workers mid-training; the watchdog fences it. Latency = the
+    fenced worker's end (SIGKILL, seen in /proc) - the SIGSTOP; against the steady step
+    time (the outcome's step_seconds). The defaults (the stopped-rank check: 3 steps,
+    0.25 s floor), then the step deadline alone (the check off) with the default 3 s
+    floor and a 0.5 s one."""
     import json
     import threading
 
-    for floor in (3.0, 0.5):
+    for label, floor, factor in (("stopped-rank check (default)", 3.0, 3.0),
+                                 ("step deadline only, floor 3.0 s", 3.0, 0.0),
+                                 ("step deadline only, floor 0.5 s", 0.5, 0.0)):
         rows = []
         for i in range(reps):
-            name = f"hang-{floor}-{i}"
+            name = f"hang-{floor}-{factor}-{i}"
             run_dir = tmp / name
             stopped: list[tuple[int, float]] = []
 
@@ -453,7 +456,8 @@ def hang(tmp: Path, reps: int) -> None:
             threading.Thread(target=stop, daemon=True).start()
             cfg = LaunchConfig(script=EXAMPLE, args=[*MLP, "--steps", "80"], workers=2,
                                spares=1, job_id=name, runs_root=str(tmp), nvml=False,
-                               progress_interval_s=5, env=ENV, hang_floor_s=floor)
+                               progress_interval_s=5, env=ENV, hang_floor_s=floor,
+                               hang_stopped_factor=factor)
             sink = JsonlFileSink(tmp / f"{name}.jsonl")
             result = launch(cfg, sink)
             for pid, _ in stopped[:1]:
@@ -467,10 +471,10 @@ def hang(tmp: Path, reps: int) -> None:
         lat = statistics.median(r[0] for r in rows)
         step = statistics.median(r[1] for r in rows)
         rec = statistics.median(r[2] for r in rows)
-        print(f"[hang] floor {floor} s: detection {lat:.3f} s (median of {reps}; "
+        print(f"[hang] {label}: detection {lat:.3f} s (median of {reps}; "
               f"{', '.join(f'{r[0]:.3f}' for r in rows)}), steady step {step * 1000:.1f} ms, "
               f"ratio {lat / step:.1f} (goal <= 5); recovery_seconds recorded (stall included) "
-              f"{rec:.3f} s")
+              f"{rec:.3f} s; {load()}")
 
 
 def main() -> None:

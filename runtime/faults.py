@@ -16,6 +16,9 @@ Actions (``rank`` is the data-parallel rank, ``step`` the 0-based step index):
   for worker K is injected through the signal file at step T;
 * ``drain:rank=K:step=T`` — a drain request for worker K is filed at step T;
 * ``killall:step=T`` — every worker SIGKILLs itself at the start of step T;
+* ``slow:rank=K:step=T[:seconds=S]`` — worker K sleeps S seconds (default 3) at the start
+  of step T: a merely slow step (its peers wait for it in the allreduce), which the hang
+  watchdog must not take for a hang;
 * ``linger:rank=K:step=T[:seconds=S]`` — worker K, its loop ended at step T (the job's
   last), waits S seconds (default 3) before marking itself finished: a slow teardown on
   a loaded host, so that its peers finish first (the end-of-job barrier's test).
@@ -40,7 +43,7 @@ from runtime.errors import FaultSpecError
 if TYPE_CHECKING:  # parsing fault specs (yoco run) does not import torch
     import torch
 
-ACTIONS = ("kill", "raise", "warn", "drain", "killall", "linger")
+ACTIONS = ("kill", "raise", "warn", "drain", "killall", "linger", "slow")
 #: Where in a step a ``kill`` fires (see the module docstring).
 PHASES = ("forward", "backward", "reduce", "optimizer", "checkpoint")
 SIGNAL_CAUSES = ("ecc_rising", "ecc_uncorrectable", "row_remap_pending", "thermal", "xid")
@@ -195,7 +198,8 @@ class FaultInjector:
             self._kill(fault)
 
     def at_step_start(self, *, step: int, rank: int, gen: int) -> None:
-        """Fire the faults that act at the start of ``step`` (killall, warn, drain)."""
+        """Fire the faults that act at the start of ``step`` (killall, warn, drain,
+        slow)."""
         self._forwards = 0
         self._backward_hit = -1
         for fault in self.faults:
@@ -205,6 +209,8 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault.rank == rank and fault.action in ("warn", "drain") and self._fire(fault):
                 self._inject_request(fault, step)
+            if fault.rank == rank and fault.action == "slow" and self._fire(fault):
+                time.sleep(fault.seconds)
 
     def in_collective(self, *, step: int, rank: int) -> bool:
         """Fire the faults that act with the step's allreduce launched: ``kill`` does not

@@ -9,7 +9,10 @@ A node whose agent is gone (its process group killed: power, kernel panic) or si
 ``node_timeout_s`` (frozen, partitioned) is *lost*: every process on it counts as dead at
 once, with the cause ``node_lost`` or ``hang``, and a silent node is fenced (its processes
 killed where this machine can reach them; elsewhere the next generation excludes them:
-a process that wakes up finds itself in no plan and leaves).
+a process that wakes up finds itself in no plan and leaves). A silent node on this
+machine whose agent and processes ``/proc`` shows *stopped* (a frozen host: its process
+group SIGSTOPped) is fenced sooner, after :func:`runtime.processes.stopped_deadline`
+(3 steady steps, at least 0.25 s): a stopped process cannot be merely slow.
 
 Placement: each node runs up to ``nproc`` processes (one per GPU). A new process goes to
 the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` processes
@@ -19,18 +22,20 @@ the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` p
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import protocol as P
 from runtime.errors import ConfigError
-from runtime.processes import process_exiting
+from runtime.processes import process_exiting, process_stopped, stopped_deadline
 
 log = logging.getLogger("yoco.runtime.nodepool")
 
@@ -41,6 +46,11 @@ def machine_id() -> str:
         with contextlib.suppress(OSError), open(path, encoding="ascii") as fh:
             return fh.read().strip()
     return os.uname().nodename
+
+
+@functools.cache
+def _this_machine() -> str:
+    return machine_id()  # read once: looked at for every host every 5 ms
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,11 +77,12 @@ class Node:
     beat: int = -1
     beat_seen: float = field(default_factory=time.time)
     lost: str | None = None  # the cause once lost
+    stopped_since: float | None = None  # first look that found it frozen (in a row)
 
     @property
     def reachable(self) -> bool:
         """True when the node's processes run on this machine (they can be signalled)."""
-        return self.machine == machine_id()
+        return self.machine == _this_machine()
 
 
 class RemoteProcess:
@@ -115,11 +126,17 @@ class NodePool:
     """Every process of a multi-node job, by slot (see the module docstring)."""
 
     def __init__(self, store: Any, *, nodes: int, node_timeout_s: float,
-                 register_timeout_s: float = 300.0) -> None:
-        if nodes < 1 or node_timeout_s <= 0:
-            raise ConfigError("a node pool needs nodes >= 1 and node_timeout_s > 0")
+                 register_timeout_s: float = 300.0, stopped_factor: float = 0.0,
+                 step_seconds: Callable[[], float] = lambda: 0.0) -> None:
+        if nodes < 1 or node_timeout_s <= 0 or stopped_factor < 0:
+            raise ConfigError("a node pool needs nodes >= 1, node_timeout_s > 0 and "
+                              "stopped_factor >= 0")
         self.store = store
         self.node_timeout_s = node_timeout_s
+        # A frozen node on this machine is fenced after stopped_deadline(step, this)
+        # (0: only after node_timeout_s); step_seconds() is the job's steady step.
+        self.stopped_factor = stopped_factor
+        self.step_seconds = step_seconds
         self.procs: dict[str, RemoteProcess] = {}
         self.nodes = self._wait_for_agents(nodes, register_timeout_s)
         self.zygote = None
@@ -207,6 +224,15 @@ class NodePool:
         """SIGKILL ``slot``'s process."""
         self.procs[slot].kill()
 
+    def stopped(self, slot: str) -> bool:
+        """True when ``slot``'s process runs on this machine and is stopped while its
+        node's agent is not (a hung worker; a frozen node is the node check's case)."""
+        p = self.procs.get(slot)
+        if p is None or p.returncode is not None or not p.pid or not p.node.reachable \
+                or p.node.lost is not None or process_stopped(p.node.pid):
+            return False
+        return process_stopped(p.pid)
+
     def take_node_failures(self) -> list[NodeFailure]:
         """Nodes found lost since the last call (each is one incident)."""
         self.refresh()
@@ -234,7 +260,15 @@ class NodePool:
         n = int(self.store.queue_len(P.KEY_AGENT_EVENTS))
         for _ in range(n):
             self._apply(json.loads(self.store.queue_pop(P.KEY_AGENT_EVENTS, False)))
-        if now - self._last_beats >= 0.05 and not self._closing:
+        if self._closing:
+            return
+        # A host on this machine whose agent is dying is lost now (a /proc read per host,
+        # no store traffic): every 5 ms, not at the 50 ms heartbeat look.
+        for node in self.nodes:
+            if node.lost is None and node.reachable and process_exiting(node.pid):
+                self._lose(node, "node_lost", f"node {node.name} lost: its agent "
+                           f"(pid {node.pid}) and its processes are gone", node.beat_seen)
+        if now - self._last_beats >= 0.05:
             self._last_beats = now
             self._check_nodes()
 
@@ -259,12 +293,31 @@ class NodePool:
             beat = int(raw)
             if beat != node.beat:
                 node.beat, node.beat_seen = beat, now
-            if node.reachable and process_exiting(node.pid):
-                self._lose(node, "node_lost", f"node {node.name} lost: its agent "
-                           f"(pid {node.pid}) and its processes are gone", node.beat_seen)
-            elif now - node.beat_seen > self.node_timeout_s:
+            if now - node.beat_seen > self.node_timeout_s:
                 self._lose(node, "hang", f"node {node.name} silent for "
                            f"{now - node.beat_seen:.1f} s (no heartbeat): fenced", node.beat_seen)
+            elif self._frozen(node, now):
+                self._lose(node, "hang", f"node {node.name} silent for "
+                           f"{now - node.beat_seen:.2f} s (no heartbeat), its agent and "
+                           "processes stopped (/proc): fenced", node.beat_seen)
+
+    def _frozen(self, node: Node, now: float) -> bool:
+        """True when ``node`` (on this machine) has been silent for the stopped deadline
+        and its agent and every live process of it were found stopped on every look for
+        at least half that deadline: frozen, not slow (see the module docstring)."""
+        silent = now - node.beat_seen
+        if not self.stopped_factor or not node.reachable or silent < 2 * P.NODE_BEAT_INTERVAL_S:
+            node.stopped_since = None
+            return False
+        pids = [node.pid] + [p.pid for p in self.procs.values()
+                             if p.node is node and p.returncode is None and p.pid]
+        if not all(process_stopped(pid) for pid in pids):
+            node.stopped_since = None
+            return False
+        if node.stopped_since is None:
+            node.stopped_since = now
+        deadline = stopped_deadline(self.step_seconds(), self.stopped_factor)
+        return silent >= deadline and now - node.stopped_since >= deadline / 2
 
     def _lose(self, node: Node, cause: str, detail: str, since: float) -> None:
         node.lost = cause

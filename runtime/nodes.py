@@ -12,8 +12,11 @@ hosts (as a checkpoint folder must be), see docs/deploy.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import random
+import socket
 import threading
 from pathlib import Path
 
@@ -58,3 +61,23 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
     result = launch(cfg, sink)
     thread.join(timeout=30)
     return result.exit_code, result
+
+
+def free_rendezvous_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now and outside the kernel's ephemeral range, for a
+    coordinator started a few seconds later (tests and benchmarks running every host on
+    one machine). A port from ``bind(0)`` is in that range, where any outgoing connection
+    or ``bind(0)`` of another process (gloo opens hundreds) may take it before the
+    coordinator binds it: the coordinator then cannot start and the agents wait for it."""
+    low, high = 32768, 60999
+    with contextlib.suppress(OSError, ValueError):
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    below = range(10000, low) if low > 11000 else range(high + 1, 65536)
+    for port in random.sample(below, min(len(below), 200)):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ConfigError("no free port outside the ephemeral range")

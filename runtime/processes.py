@@ -43,6 +43,40 @@ def process_exiting(pid: int) -> bool:
     return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
 
 
+#: The stopped-rank watchdog never fences before this many seconds without progress: a
+#: few of the coordinator's 50 ms looks at the heartbeats, and a few 0.1 s beats missed.
+STOPPED_FLOOR_S = 0.25
+
+
+def stopped_deadline(step_seconds: float, factor: float) -> float:
+    """Seconds without a committed step (or a heartbeat) after which a rank or host that
+    ``/proc`` shows stopped is fenced: ``max(STOPPED_FLOOR_S, factor x step_seconds)``,
+    the steady step being rank 0's mean of its last 20 steps. The rule's one home (the
+    single-host watchdog and the node pool both use it); why it is safe: docs/runtime.md,
+    "Hung worker"."""
+    return max(STOPPED_FLOOR_S, factor * step_seconds)
+
+
+def process_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped: state ``T`` (a stop signal: SIGSTOP,
+    SIGTSTP) or ``t`` (held by a tracer) in ``/proc/PID/stat`` (proc(5)).
+
+    A stopped process runs no instruction until it is continued, however loaded the
+    machine is: a runnable but starved process is ``R``, one waiting for a peer or a
+    sleep is ``S``, one in the kernel ``D``. This is the hang watchdog's confirmation
+    that a silent rank or host is frozen rather than slow. Without ``/proc`` (or for a
+    pid that is gone) it answers False.
+    """
+    if not _HAVE_PROC:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return False
+    return raw[raw.rindex(b")") + 2:][:1] in (b"T", b"t")
+
+
 class WorkerPool:
     """Every process of one job, by slot name (``w0``, ``w1``, ...)."""
 
@@ -98,6 +132,11 @@ class WorkerPool:
     def exiting(self, slot: str) -> bool:
         """True once ``slot``'s process has started to die (see :func:`process_exiting`)."""
         return process_exiting(self.procs[slot].pid)
+
+    def stopped(self, slot: str) -> bool:
+        """True when ``slot``'s process is stopped (see :func:`process_stopped`)."""
+        p = self.procs.get(slot)
+        return p is not None and p.poll() is None and process_stopped(p.pid)
 
     def has_room(self) -> bool:
         """One host: always room for another process."""

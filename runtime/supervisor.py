@@ -35,7 +35,7 @@ from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
 from runtime.nodepool import NodePool
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
-from runtime.processes import WorkerPool, process_exiting
+from runtime.processes import WorkerPool, process_exiting, stopped_deadline
 from runtime.recovery import (
     FailureClass,
     Fence,
@@ -97,6 +97,12 @@ class LaunchConfig:
     # a loaded machine's hiccups (seconds on 2 busy cores) from fencing a healthy rank.
     hang_floor_s: float = 3.0
     hang_factor: float = 10.0
+    # Stopped ranks (and frozen hosts on this machine): a member that /proc shows
+    # stopped (state T/t) on every look for half of max(0.25 s, this x steady step),
+    # with no committed step for all of it, is fenced at once (cause ``hang``): a stopped
+    # process cannot be merely slow, however loaded the machine. 0: off (only the
+    # deadline above). See runtime.processes.stopped_deadline and docs/runtime.md.
+    hang_stopped_factor: float = 3.0
     # The workers' collective timeout (JobConfig.collective_timeout_s when None).
     collective_timeout_s: float | None = None
     max_recoveries: int = 64
@@ -142,6 +148,8 @@ class LaunchConfig:
                      "finish_timeout_s", "deliver_timeout_s", "store_poll_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.hang_stopped_factor < 0:
+            raise ConfigError("hang_stopped_factor must be >= 0 (0: off)")
         if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
             raise ConfigError("collective_timeout_s must be > 0")
         if self.outbox_reserve_bytes < 0:
@@ -252,6 +260,8 @@ class Supervisor:
         # ready); None: not armed (before the first step, during a recovery).
         self._advanced_at: float | None = None
         self._progress_seen: tuple[int, int] = (-1, -1)  # (gen, step) of the last progress
+        # Members /proc showed stopped on every look since (the stopped-rank watchdog).
+        self._stopped_since: dict[str, float] = {}
         self.sources: list[TelemetrySource] = [FileSignalSource(self.signal_file)]
         if config.signal_command:
             self.sources.append(CommandSignalSource(config.signal_command))
@@ -270,7 +280,9 @@ class Supervisor:
             # The agents start the processes (each on its host); this waits for them.
             self.pool = NodePool(self.store, nodes=config.nodes,
                                  node_timeout_s=config.node_timeout_s,
-                                 register_timeout_s=config.node_register_timeout_s)
+                                 register_timeout_s=config.node_register_timeout_s,
+                                 stopped_factor=config.hang_stopped_factor,
+                                 step_seconds=lambda: self.step_seconds)
 
     # ----------------------------------------------------------------- records
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -834,8 +846,11 @@ class Supervisor:
 
     def _handle_watchdog(self, now: float) -> None:
         if self._advanced_at is None or self.recovery.active:
+            self._stopped_since.clear()
             return
         stalled = now - self._advanced_at
+        if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
+            return
         deadline = self.hang_deadline()
         if stalled < deadline:
             return
@@ -850,6 +865,28 @@ class Supervisor:
                     "is stuck; waiting", self.last_step, stalled,
                     "every member is silent" if silent else "every member is waiting")
         self._advanced_at = now  # warn again after another deadline
+
+    def _fence_stopped(self, now: float, stalled: float) -> bool:
+        """The stopped-rank watchdog: once the step has stalled for half the stopped
+        deadline, look at each member's /proc state; fence (True) the members found
+        stopped on every look for half the deadline once the step has stalled for all
+        of it, as long as one member is not stopped (it holds the state)."""
+        fast = stopped_deadline(self.step_seconds, self.cfg.hang_stopped_factor)
+        if stalled < fast / 2:
+            self._stopped_since.clear()
+            return False
+        for slot in self.members:
+            if self.pool.stopped(slot):
+                self._stopped_since.setdefault(slot, now)
+            else:
+                self._stopped_since.pop(slot, None)
+        stopped = [s for s, t in self._stopped_since.items() if now - t >= fast / 2]
+        if stalled < fast or not stopped or len(self._stopped_since) >= len(self.members):
+            return False
+        self._fence_hung(stopped, f"stopped (state T in /proc) with no committed step for "
+                                  f"{stalled:.2f} s (deadline {fast:.2f} s)")
+        self._stopped_since.clear()
+        return True
 
     def _fence_hung(self, slots: list[str], why: str) -> None:
         """Kill ``slots`` (stuck: not making progress, not reporting) so that the death
@@ -870,6 +907,9 @@ class Supervisor:
         self._emit_deaths(block=True)
         rec = self.recovery  # (unchanged: emitting deaths does not plan)
         outcome = rec.outcome or Outcome.LIVE_MIGRATED
+        # Rank 0's clock of the new generation (plan seen, group formed, state synced,
+        # first step done): what the benchmarks split a recovery into.
+        log.info("generation %d ready: %s", rec.gen, json.dumps(timing))
         step_s = self.step_seconds or float(timing["step_seconds"])
         for inc in rec.incidents:
             lost = rec.lost_steps if outcome == Outcome.ROLLED_BACK else 0

@@ -116,6 +116,11 @@ def run(
              "does much more work in some steps (e.g. evaluation on rank 0)."),
     hang_factor: float = typer.Option(10.0, "--hang-factor", min=1.0,
                                       help="Step watchdog factor (see --hang-floor)."),
+    hang_stopped_factor: float = typer.Option(
+        3.0, "--hang-stopped-factor", min=0.0,
+        help="A worker (or a host on this machine) that /proc shows stopped, with no "
+             "committed step for max(0.25 s, FACTOR x steady step time), is hung and "
+             "replaced at once (a stopped process cannot be merely slow). 0: off."),
     deliver_timeout: float = typer.Option(
         30.0, "--deliver-timeout", min=0.1,
         help="Seconds to wait at the end for the sink to acknowledge every record; what "
@@ -184,7 +189,8 @@ def run(
             signal_file=str(signal_file) if signal_file else None,
             signal_command=signal_command, nvml=nvml, progress_interval_s=progress_every,
             fork_spares=fork_spares, resume=resume, deliver_timeout_s=deliver_timeout,
-            hang_floor_s=hang_floor, hang_factor=hang_factor)
+            hang_floor_s=hang_floor, hang_factor=hang_factor,
+            hang_stopped_factor=hang_stopped_factor)
         identity = None
         if nnodes is not None or node_rank is not None:
             import os

@@ -177,8 +177,11 @@ def test_a_stopped_worker_is_fenced_as_hung_and_replaced(tmp_path: Path, how: st
     reach, the healthy rank's collective timeout) finds the rank that stopped beating and
     fences *it*: one ``hang`` failure, live migration, no lost step; the healthy rank that
     reported the timeout is not blamed."""
+    # The stopped-rank watchdog (test_hang.py) is off here: these are the paths for a
+    # hang /proc cannot confirm (a deadlock, a rank stuck in a kernel).
     kw: dict[str, Any] = ({"hang_floor_s": 3.0} if how == "watchdog"
                           else {"hang_floor_s": 600.0, "collective_timeout_s": 4.0})
+    kw["hang_stopped_factor"] = 0.0
     cfg = _config(tmp_path, how, steps=30, sleep=0.1, **kw)
     stopped: list[int] = []
     _when_step(tmp_path / "runs" / how, 5, _stop_rank1(tmp_path / "runs" / how, stopped))

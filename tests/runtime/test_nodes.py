@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from runtime.nodes import free_rendezvous_port
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
@@ -29,19 +29,13 @@ STEPS = 24
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Cluster:
     """``yoco run`` on NODES "hosts" (hostK), each in a process group of its own."""
 
     def __init__(self, tmp: Path, *, nnodes: str, nproc: int, steps: int = STEPS,
                  sleep: float = 0.2, extra: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
-        self.port = _free_port()
+        self.port = free_rendezvous_port()
         self.sink = tmp / "records.jsonl"
         self.out = tmp / "final.pt"
         n, _, s = nnodes.partition(":+")
@@ -196,10 +190,56 @@ def test_a_frozen_node_is_fenced_as_hung_and_replaced(
     recs = c.records()
     assert _incidents(recs) == [("host1", "unplanned", "hang", "live_migrated", 0)]
     fail = next(r for r in recs if r["kind"] == "failure")
-    assert "silent" in fail["detail"]
+    # Fenced by the stopped-host check (/proc shows its agent and worker stopped), within
+    # a few steady steps rather than the 2 s --node-timeout.
+    assert "silent" in fail["detail"] and "stopped (/proc)" in fail["detail"], fail
     _assert_identical(ref, c.out)
     # Fenced: the frozen host's processes were killed (reachable on this machine).
     assert c.wait(1, timeout=30) == -signal.SIGKILL
+
+
+def test_a_hung_worker_is_fenced_and_a_slow_one_is_not(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    # host1's worker first sleeps 1.5 s in step 4 (a slow step: many steady steps, far
+    # past the stopped deadline; its agent beats on): not fenced. At step 10 the worker
+    # alone (not its agent) is SIGSTOPped: the watchdog fences it as hung, the spare
+    # host takes its rank, bit-identical.
+    ref = _reference(tmp_path, workers=2)
+    c = cluster_factory(nnodes="2:+1", nproc=1, sleep=0.1,
+                        extra=("--inject", "slow:rank=1:step=4:seconds=1.5"))
+    c.start_all()
+    c.progress_at(10)
+    status = json.loads((tmp_path / "runs" / "mn" / "status.json").read_text())
+    rank1 = status["members"][1]
+    os.kill(status["pids"][rank1], signal.SIGSTOP)
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    assert _incidents(recs) == [("host1", "unplanned", "hang", "live_migrated", 0)]
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert fail["detail"].startswith(f"{rank1} hung") and "state T in /proc" in fail["detail"]
+    assert fail["step"] >= 10
+    _assert_identical(ref, c.out)
+    assert c.wait(1) == 0  # host1's agent was healthy: it served on and ended normally
+
+
+def test_a_spare_node_lost_before_it_is_called_in_the_next_one_is(
+        tmp_path: Path, cluster_factory: Any) -> None:
+    # Two spare hosts; the first dies before it is needed (no failure of the job: nothing
+    # of it ran there). When a training host is lost, the live spare host takes its rank:
+    # one incident, live migration, bit-identical.
+    ref = _reference(tmp_path, workers=2)
+    c = cluster_factory(nnodes="2:+2", nproc=1)
+    c.start_all()
+    c.progress_at(3)
+    c.signal_host(2, signal.SIGKILL)
+    c.progress_at(10)
+    c.signal_host(1, signal.SIGKILL)
+    assert c.wait(0) == 0, c.logs()
+    recs = c.records()
+    assert _incidents(recs) == [("host1", "unplanned", "node_lost", "live_migrated", 0)]
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    _assert_identical(ref, c.out)
+    assert c.wait(3) == 0  # the second spare host served and ended normally
 
 
 def test_a_spare_node_lost_before_it_is_called_in(

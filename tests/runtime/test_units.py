@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from runtime.control import drain, take_requests, write_status
 from runtime.data import ShardedSampler
-from runtime.errors import DrainError, FaultSpecError, NoSpareError
+from runtime.errors import ConfigError, DrainError, FaultSpecError, NoSpareError
 from runtime.faults import decode_faults, encode_faults, parse_fault
 from runtime.state import join_state, pack, split_state, unpack
 from runtime.telemetry import (
@@ -26,13 +27,16 @@ from runtime.telemetry import (
 def test_fault_specs_round_trip() -> None:
     faults = [parse_fault("kill:rank=1:step=5"), parse_fault("killall:step=9"),
               parse_fault("warn:rank=0:step=3:signal=thermal"),
-              parse_fault("linger:rank=1:step=40:seconds=2.5")]
+              parse_fault("linger:rank=1:step=40:seconds=2.5"),
+              parse_fault("slow:rank=1:step=6:seconds=1.5")]
     assert decode_faults(encode_faults(faults)) == faults
-    assert faults[-1].seconds == 2.5 and parse_fault("linger:rank=0:step=3").seconds == 3.0
+    assert faults[-2].seconds == 2.5 and parse_fault("linger:rank=0:step=3").seconds == 3.0
+    assert (faults[-1].action, faults[-1].seconds) == ("slow", 1.5)
     for bad in ("kill:step=1", "boom:rank=1:step=1", "kill:rank=1", "killall:rank=1:step=2",
                 "warn:rank=1:step=2:signal=nope", "kill:rank=x:step=1",
                 "linger:rank=1:step=3:seconds=-1", "linger:rank=1:step=3:seconds=nan",
-                "linger:rank=1:step=3:seconds=x", "linger:step=3"):
+                "linger:rank=1:step=3:seconds=x", "linger:step=3", "slow:step=3",
+                "slow:rank=0:step=3:seconds=-2", "slow:rank=0:step=3:phase=forward"):
         with pytest.raises(FaultSpecError):
             parse_fault(bad)
 
@@ -154,6 +158,47 @@ def test_process_exiting_sees_a_kill_before_the_exit_status() -> None:
         p.kill()
         p.wait()
     assert process_exiting(p.pid)  # reaped: gone
+
+
+def test_process_stopped_is_true_only_while_stopped() -> None:
+    # The stopped-rank watchdog's confirmation: T while SIGSTOPped, not while sleeping,
+    # running, after SIGCONT, or once gone.
+    import signal
+    import subprocess
+    import time
+
+    from runtime.processes import process_stopped
+
+    p = subprocess.Popen(["sleep", "30"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert not process_stopped(p.pid) and not process_stopped(busy.pid)
+        for proc in (p, busy):
+            proc.send_signal(signal.SIGSTOP)
+            deadline = time.time() + 5
+            while not process_stopped(proc.pid):
+                assert time.time() < deadline
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGCONT)
+            while process_stopped(proc.pid):
+                assert time.time() < deadline
+                time.sleep(0.001)
+    finally:
+        for proc in (p, busy):
+            proc.kill()
+            proc.wait()
+    assert not process_stopped(p.pid)  # reaped: gone
+
+
+def test_stopped_deadline_is_three_steps_with_a_floor() -> None:
+    from runtime.processes import STOPPED_FLOOR_S, stopped_deadline
+    from runtime.supervisor import LaunchConfig
+
+    assert stopped_deadline(0.2, 3.0) == pytest.approx(0.6)
+    assert stopped_deadline(0.01, 3.0) == STOPPED_FLOOR_S == stopped_deadline(0.0, 3.0)
+    with pytest.raises(ConfigError, match="hang_stopped_factor"):
+        LaunchConfig(script=__file__, hang_stopped_factor=-1.0)
+    assert LaunchConfig(script=__file__, hang_stopped_factor=0.0).hang_stopped_factor == 0.0
 
 
 def test_sparse_gradients_stack_and_split_back_exactly() -> None:
