@@ -390,6 +390,10 @@ def is_producer_event_id(value: str | uuid.UUID) -> bool:
     derives for its own entries (contracts, year closes, credits, disputes, reports...)
     are never v4, so a producer can neither take one in advance nor ask about one.
     """
+    if type(value) is str and len(value) == 36 and _UUID.fullmatch(value):
+        # The hyphenated form: the version is the 13th hex digit, the RFC 9562 variant
+        # the 17th (8, 9, a or b); as uuid.UUID reads them, without building one.
+        return value[14] == "4" and value[19] in "89abAB"
     try:
         u = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
     except ValueError:
@@ -529,6 +533,12 @@ _SPECS: Final[dict[str, tuple[type, dict[str, _Field]]]] = {
 }
 
 
+#: The fields a record of each kind may carry (its own and the common ones).
+_ALLOWED: Final[dict[str, frozenset[str]]] = {
+    kind: frozenset([*_COMMON, *fields]) for kind, (_, fields) in _SPECS.items()
+}
+
+
 def _check_fields(
     ctx: _Ctx, obj: Mapping[str, Any], spec: Mapping[str, _Field], prefix: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -555,7 +565,7 @@ def _check_unknown(
     what: str,
     prefix: tuple[str, ...] = (),
 ) -> None:
-    allowed = set(known)
+    allowed = known if isinstance(known, frozenset) else set(known)
     for key in obj:
         if key not in allowed:
             ctx.fail(format_path((*prefix, key), root=""), f"unknown field for {what}")
@@ -597,7 +607,7 @@ def validate_record(
         return None, ctx.errors
     cls, fields = spec
     values = _check_fields(ctx, obj, fields)
-    _check_unknown(ctx, obj, [*_COMMON, *fields], f"kind {kind!r}")
+    _check_unknown(ctx, obj, _ALLOWED[kind], f"kind {kind!r}")
     if (
         kind == "outcome"
         and values["outcome"] == "live_migrated"
