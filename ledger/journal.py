@@ -37,6 +37,7 @@ JOURNAL_COLUMNS = (
     "canonical",
     "leaf_hash",
 )
+JOURNAL_TYPES = ("text", "int8", "uuid", "text", "text", "timestamptz", "bytea", "bytea")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +160,7 @@ def append_entries(
             text("UPDATE ledger_logs SET size = :size WHERE log_id = :log_id"),
             {"size": sizes[log_id], "log_id": log_id},
         )
-    copy_rows(session, "journal_entries", JOURNAL_COLUMNS, rows)
+    copy_rows(session, "journal_entries", JOURNAL_COLUMNS, rows, JOURNAL_TYPES)
     result = [s for s in stored if s is not None]
     assert len(result) == len(entries)
     return result

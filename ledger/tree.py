@@ -48,6 +48,7 @@ def append_leaves(
         "merkle_nodes",
         ("log_id", "level", "idx", "hash"),
         ((log_id, lv, ix, h) for lv, ix, h in nodes),
+        ("text", "int2", "int8", "bytea"),
     )
 
 
