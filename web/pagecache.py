@@ -90,6 +90,20 @@ class PageCache:
                 self._making.pop(key).set()
         return value
 
+    def peek(self, key: Hashable) -> Any:
+        """The value cached under ``key``, or None (nothing is made)."""
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+            return value
+
+    def making(self, key: Hashable) -> bool:
+        """Whether some thread is making ``key`` now."""
+        with self._lock:
+            return key in self._making
+
     def forget(self, key: Hashable) -> None:
         """Drop ``key``'s entry, if any."""
         with self._lock:

@@ -125,6 +125,16 @@ class SessionCache:
         self._entries.pop(token, None)
 
 
+class _Bounded(dict[tuple[object, ...], datetime]):
+    """A dict that forgets everything when it grows past 4,096 keys (a memo of small
+    values whose keys carry log sizes: old keys are never asked for again)."""
+
+    def __setitem__(self, key: tuple[object, ...], value: datetime) -> None:
+        if len(self) >= 4096 and key not in self:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 class Portal:
     """Everything a request handler needs, created lazily and shared by all requests."""
 
@@ -144,6 +154,12 @@ class Portal:
         #: The API's answers whose figures are computed in the request (``/sla``),
         #: by contract, period, log size and instant: computed once each.
         self.figures = PageCache(settings.figures_cache_entries)
+        #: The latest instant each ``/sla`` answer (by contract, period and log size) was
+        #: computed at, and the keys being computed in the background (see
+        #: ``web.routers.api_contracts._previous_sla``).
+        self.sla_instants: dict[tuple[object, ...], datetime] = _Bounded()
+        self.refreshing: set[tuple[object, ...]] = set()
+        self.refreshing_lock = threading.Lock()
         self.sessions = SessionCache(settings.session_cache_seconds)
         #: Bearer tokens seen live lately, by SHA-256 (reads only: ingest always asks the
         #: database, so a revoked token stops posting at once; reading within the TTL).

@@ -340,6 +340,72 @@ def test_every_input_of_the_figures_renews_the_cached_sla(
     assert grown["covered_failures"] == amended["covered_failures"] + 1
 
 
+def test_a_new_instant_serves_the_previous_answer_while_computing_the_new_one(
+    seeded, seed, monkeypatch
+) -> None:
+    """When only the figures instant moved on (the log did not grow), /sla answers the
+    previous instant's figures under that instant's own tag at once and computes the
+    new instant in the background; a grown log is always computed in the request."""
+    import threading
+    import time
+
+    import web.routers.api_contracts as api
+    from web.app import create_app
+    from web.security import password_hasher
+    from web.settings import WebSettings
+
+    real = api.sla_figures
+    release = threading.Event()
+    calls: list[datetime] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["now"])
+        if len(calls) == 2:  # the background computation of the second instant
+            assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "sla_figures", slow)
+    ctx, _ = seeded
+    clock = [NOW]
+    app = create_app(ctx, WebSettings(secret_key="test-secret", figures_ttl_seconds=60),
+                     hasher=password_hasher(cheap=True), clock=lambda: clock[0])
+    url = "/api/v1/contracts/C-A/sla?year=1"
+    with TestClient(app) as c:
+        assert login(c, seed.users["a"]).status_code == 303
+        first = c.get(url)
+        assert first.json()["computed_at"] == "2026-08-01T12:20:00+00:00"
+        clock[0] = NOW + timedelta(minutes=1)
+        for _ in range(3):  # while the new instant is being computed (once)
+            stale = c.get(url)
+            assert stale.content == first.content
+            assert stale.headers["etag"] == first.headers["etag"]
+            # The client's copy is what it would get: 304.
+            assert c.get(url, headers={"If-None-Match": first.headers["etag"]}
+                         ).status_code == 304
+        assert calls == [datetime(2026, 8, 1, 12, 20, tzinfo=UTC),
+                         datetime(2026, 8, 1, 12, 21, tzinfo=UTC)]
+        release.set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            fresh = c.get(url)
+            if fresh.json()["computed_at"] == "2026-08-01T12:21:00+00:00":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the new instant was never computed")
+        assert fresh.headers["etag"] != first.headers["etag"]
+        assert c.get(url, headers={"If-None-Match": fresh.headers["etag"]}
+                     ).status_code == 304
+        # A grown log: never the previous answer, computed now.
+        clock[0] = NOW + timedelta(minutes=2)
+        _ingest(c, seed, fx.rec("failure", "C-A", fx.T0 + timedelta(days=133), job_id="j1",
+                                failure_class="unplanned", cause="gpu_lost"))
+        grown = c.get(url).json()
+        assert grown["computed_at"] == "2026-08-01T12:22:00+00:00"
+        assert len(calls) == 3
+        assert grown["covered_failures"] == first.json()["covered_failures"] + 1
+
+
 def test_figures_instant_rounds_down_to_the_ttl() -> None:
     from web.conditional import figures_instant
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -182,12 +183,71 @@ def _get_sla(
             report = sla_figures(db, contract_id, year=year, month=ym, now=at)
         return size, _json(report.to_json())
 
-    key = ("sla", contract_id, year, ym, state.size, at)
+    base = ("sla", contract_id, year, ym, state.size)
+    key = (*base, at)
+    if portal.figures.peek(key) is None:
+        stale = _previous_sla(portal, base, at, compute)
+        if stale is not None:
+            # The log has not grown; only the instant moved on: the answer of the
+            # previous instant (under its own tag) while the new one is computed.
+            prev_at, body = stale
+            etag = portal.etag("sla", scope_key(reader), contract_id, year, month,
+                               state.size, prev_at)
+            return json_answer(request, etag, body)
     size, body = portal.figures.get_or_make(key, compute)
     if size != state.size:  # the log grew meanwhile: not what the key says
         portal.figures.forget(key)
         etag = tag(size)
+    else:
+        portal.sla_instants[base] = max(at, portal.sla_instants.get(base, at))
     return json_answer(request, etag, body)
+
+
+def _previous_sla(
+    portal: Portal,
+    base: tuple[Any, ...],
+    at: datetime,
+    compute: Any,
+) -> tuple[datetime, bytes] | None:
+    """For a log that has not grown since: the answer of the latest earlier instant, if
+    still cached, after starting (once) the computation of ``at``'s in the background.
+
+    Time-dependent figures are computed per instant (the request's time rounded down to
+    the figures TTL): without this, the first request of each new instant in each worker
+    would wait for a whole year's figures.  None when there is no such answer (the
+    caller computes in the request) or the TTL is 0 (no instants to reuse).
+    """
+    if portal.settings.figures_ttl_seconds <= 0:
+        return None
+    prev_at = portal.sla_instants.get(base)
+    if prev_at is None or prev_at >= at:
+        return None
+    cached = portal.figures.peek((*base, prev_at))
+    if cached is None:
+        return None
+    key = (*base, at)
+    with portal.refreshing_lock:
+        start = key not in portal.refreshing and not portal.figures.making(key)
+        if start:
+            portal.refreshing.add(key)
+    if start:
+        def refresh() -> None:
+            try:
+                size, _ = portal.figures.get_or_make(key, compute)
+                if size == base[-1]:
+                    portal.sla_instants[base] = max(at, portal.sla_instants.get(base, at))
+                else:
+                    portal.figures.forget(key)
+            except Exception:  # the next request computes it in the request
+                import logging
+
+                logging.getLogger("yoco.web").exception("refreshing %s failed", key)
+            finally:
+                with portal.refreshing_lock:
+                    portal.refreshing.discard(key)
+
+        threading.Thread(target=refresh, name="yoco-sla-refresh", daemon=True).start()
+    return prev_at, cached[1]
 
 
 @router.get(
