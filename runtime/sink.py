@@ -8,6 +8,7 @@ process), and the supervisor builds the sink there.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -44,56 +45,77 @@ class RecordSink(Protocol):
 
 
 class JsonlFileSink:
-    """Appends records to a JSONL file with fsync, storing each ``event_id`` once.
+    """Appends records to a JSONL file with fsync, storing each ``event_id`` once -- also
+    across processes and instances writing to the same file.
 
     For tests and demos. A record whose ``event_id`` is already in the file is skipped if
     its content is identical and refused (:class:`RecordRefused`, permanent) if it
-    differs, like the ledger does.
+    differs, like the ledger does. Each delivery holds an exclusive ``flock`` on the file
+    and first reads what other writers appended since this instance last looked (a
+    restarted supervisor, or a second one delivering the same outbox), so a record is
+    never stored twice. A torn last line (a writer that crashed mid-append; never
+    acknowledged) is cut off before appending, so the next record starts on a line of
+    its own.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._seen: dict[str, str] | None = None
+        self._lock = threading.Lock()  # threads of this process; flock: other processes
+        self._seen: dict[str, str] = {}
+        self._offset = 0  # bytes of the file already read into _seen
+        self._ino: int | None = None
 
-    def _load(self) -> dict[str, str]:
-        seen: dict[str, str] = {}
-        if self.path.exists():
-            with self.path.open("r", encoding="utf-8") as fh:
-                for line in fh:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a torn tail from a crash mid-append; never acknowledged
-                    seen[rec["event_id"]] = _canon(rec)
-        return seen
+    def _catch_up(self, fd: int) -> None:
+        """Read what was appended since the last look (the caller holds the flock)."""
+        st = os.fstat(fd)
+        if st.st_ino != self._ino or st.st_size < self._offset:
+            # Another file (replaced, or truncated): start over.
+            self._seen, self._offset, self._ino = {}, 0, st.st_ino
+        if st.st_size == self._offset:
+            return
+        data = os.pread(fd, st.st_size - self._offset, self._offset)
+        whole = data.rfind(b"\n") + 1
+        for line in data[:whole].splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line left by an older writer; never acknowledged
+            self._seen[str(rec["event_id"])] = _canon(rec)
+        self._offset += whole
+        if whole < len(data):
+            # A torn tail: no writer is appending (we hold the lock), so a writer died
+            # mid-append before acknowledging it. Cut it, or the next line would be glued
+            # onto it and both lost.
+            os.ftruncate(fd, self._offset)
 
     def deliver(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Append the records not yet in the file, fsync, then return."""
         with self._lock:
-            if self._seen is None:
-                self._seen = self._load()
-            fresh: list[str] = []
-            for rec in records:
-                canon = _canon(rec)
-                prior = self._seen.get(str(rec["event_id"]))
-                if prior is None:
-                    fresh.append(canon)
-                    self._seen[str(rec["event_id"])] = canon
-                elif prior != canon:
-                    raise RecordRefused(f"event_id {rec['event_id']} already stored with "
-                                        "other content")
-            if not fresh:
-                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # O_APPEND so that a crash never overwrites acknowledged lines.
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, "".join(c + "\n" for c in fresh).encode())
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+                self._catch_up(fd)
+                fresh: dict[str, str] = {}
+                for rec in records:
+                    eid = str(rec["event_id"])
+                    canon = _canon(rec)
+                    prior = self._seen.get(eid, fresh.get(eid))
+                    if prior is None:
+                        fresh[eid] = canon
+                    elif prior != canon:
+                        raise RecordRefused(f"event_id {eid} already stored with other "
+                                            "content")
+                if not fresh:
+                    return
+                data = "".join(c + "\n" for c in fresh.values()).encode()
+                os.write(fd, data)
                 os.fsync(fd)
+                self._seen.update(fresh)
+                self._offset += len(data)
             finally:
                 os.close(fd)
 
