@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.bulk import copy_rows
-from ledger.models import MerkleNode
+
+# The wanted coordinates travel as two arrays, so the statement's text is the same for
+# every proof (the driver prepares it once) and the server probes the primary key once
+# per node; an IN list of row values was a new statement per list length.
+_LOAD_NODES_SQL = (
+    "SELECT n.level, n.idx, n.hash FROM unnest(%s::int2[], %s::int8[]) AS w(level, idx) "
+    "JOIN merkle_nodes AS n ON n.log_id = %s AND n.level = w.level AND n.idx = w.idx"
+)
 
 
 def load_nodes(
@@ -23,13 +29,13 @@ def load_nodes(
     wanted = sorted(set(coords))
     if not wanted:
         return {}
-    rows = session.execute(
-        select(MerkleNode.level, MerkleNode.idx, MerkleNode.hash).where(
-            MerkleNode.log_id == log_id,
-            tuple_(MerkleNode.level, MerkleNode.idx).in_(wanted),
+    conn = session.connection().connection.driver_connection
+    assert conn is not None
+    with conn.cursor(binary=True) as cur:
+        cur.execute(
+            _LOAD_NODES_SQL, ([lv for lv, _ in wanted], [ix for _, ix in wanted], log_id)
         )
-    ).all()
-    found = {(level, idx): bytes(h) for level, idx, h in rows}
+        found = {(level, idx): bytes(h) for level, idx, h in cur.fetchall()}
     missing = [c for c in wanted if c not in found]
     assert not missing, f"merkle nodes missing from log {log_id}: {missing[:5]}"
     return found
