@@ -39,6 +39,17 @@ def portal_engine(url: str, **kwargs: Any) -> Engine:
     return login_engine(url, role=PORTAL_ROLE, refusal=_refusal, **kwargs)
 
 
+def probe_engine(url: str, **kwargs: Any) -> Engine:
+    """Connections of the ``yoco_portal`` role in autocommit mode, for the visibility
+    probe: set once when connected, and not reset when returned to the pool (an
+    autocommit connection holds no transaction, and the probe's settings are
+    transaction-local), so a probe costs its one round trip and nothing else."""
+    kwargs.setdefault("pool_recycle", 1800)
+    kwargs.setdefault("pool_reset_on_return", None)
+    return login_engine(url, role=PORTAL_ROLE, refusal=_refusal,
+                        isolation_level="AUTOCOMMIT", **kwargs)
+
+
 def app_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose every connection has switched to the ``yoco_app`` role (writes).
 
@@ -79,9 +90,14 @@ class LogState:
 class PortalDb:
     """The portal role's engine and the application role's engine of one app."""
 
-    def __init__(self, app_engine: Engine, read_engine: Engine) -> None:
+    def __init__(
+        self, app_engine: Engine, read_engine: Engine, probe_engine: Engine | None = None
+    ) -> None:
         self.app_engine = app_engine
         self.read_engine = read_engine
+        #: Connections of the portal role kept in autocommit mode for the one-query
+        #: visibility probe (:meth:`visible_state`); None: borrow the read engine's.
+        self.probe_engine = probe_engine
         self._read = sessionmaker(bind=read_engine, expire_on_commit=False)
         self._write = sessionmaker(bind=app_engine, expire_on_commit=False)
 
@@ -136,19 +152,26 @@ class PortalDb:
         customer, scope = scope_settings(principal)
         sql = _PROBE_STAFF if principal.is_staff else _PROBE_CUSTOMER
         params = {"c": customer, "s": scope, "id": contract_id}
-        fairy = self.read_engine.raw_connection()
+        own = self.probe_engine is not None
+        fairy = (self.probe_engine or self.read_engine).raw_connection()
         try:
             conn = fairy.driver_connection
             assert isinstance(conn, psycopg.Connection)
             was = conn.autocommit
-            conn.autocommit = True  # the pool hands out idle connections: no transaction
+            if not was:  # the pool hands out idle connections: no transaction
+                conn.autocommit = True
             try:
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute(sql, params)
                     cur.nextset()
                     row = cur.fetchone()
             finally:
-                conn.autocommit = was
+                if not was:
+                    conn.autocommit = was
+        except BaseException:
+            if own:
+                fairy.invalidate()  # whatever broke, this connection is not reused
+            raise
         finally:
             fairy.close()
         if row is None:
@@ -158,4 +181,6 @@ class PortalDb:
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.read_engine.dispose()
+        if self.probe_engine is not None:
+            self.probe_engine.dispose()
         self.app_engine.dispose()

@@ -26,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 from web import filters
 from web.accounts import Principal
 from web.cursors import CursorCodec
-from web.db import PortalDb, app_engine, portal_engine
+from web.db import PortalDb, app_engine, portal_engine, probe_engine
 from web.pagecache import PageCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
@@ -220,6 +220,9 @@ class Portal:
                 portal_engine(
                     url, pool_size=self.settings.pool_size, max_overflow=self.settings.max_overflow
                 ),
+                # The probe holds a connection for one round trip: a few suffice (and
+                # PostgreSQL's 100 connections are shared by every worker).
+                probe_engine(url, pool_size=min(4, self.settings.pool_size), max_overflow=0),
             )
 
     @cached_property
