@@ -338,9 +338,13 @@ def _ecma_float(value: float) -> str:
     """
     if value == 0:
         return "0"
+    text = repr(value)
+    if "e" not in text:
+        # Positional already (1e-4 <= |value| < 1e16): the same shortest digits laid out
+        # as ECMAScript does, but for Python's ".0" on integral values.
+        return text[:-2] if text.endswith(".0") else text
     if value < 0:
         return "-" + _ecma_float(-value)
-    text = repr(value)
     mantissa, _, exp = text.partition("e")
     point = mantissa.find(".")
     if point < 0:
