@@ -57,6 +57,7 @@ class AgentConfig:
     """One host's agent."""
 
     identity: NodeIdentity
+    job_id: str
     script: str
     args: list[str] = field(default_factory=list)
     nproc: int = 1
@@ -70,6 +71,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise ConfigError("nproc (processes per node) must be >= 1")
+        if not self.job_id:
+            raise ConfigError("an agent needs the job id (every host names the same job)")
         if not Path(self.script).is_file():
             raise ConfigError(f"script {self.script!r} does not exist")
         if self.connect_timeout_s <= 0 or self.coordinator_timeout_s <= 0:
@@ -109,8 +112,12 @@ class Agent:
                 time.sleep(0.2)
 
     def run(self) -> int:
-        """Serve the coordinator until the job ends; return the agent's exit status."""
+        """Serve the coordinator until the job ends; return the agent's exit status.
+
+        Raises :class:`ConfigError` when the rendezvous endpoint is not this job's
+        coordinator (another job's store, or none within ``connect_timeout_s``)."""
         self.store = self._connect()
+        self._check_job()
         self.store.set(P.node_beat_key(self.rank), "0")
         self.store.set(P.node_info_key(self.rank), json.dumps({
             "name": self.ident.node_name, "pid": os.getpid(), "pgid": os.getpgid(0),
@@ -155,6 +162,21 @@ class Agent:
             log.info("node %s: processes that did not exit 0: %s", self.ident.node_name,
                      ", ".join(with_errors))
         return 0
+
+    def _check_job(self) -> None:
+        # Whose store is this? A port taken by another job's coordinator (two jobs, one
+        # endpoint; a port reused on a shared machine) must not get this host's processes.
+        where = f"{self.ident.rdzv_host}:{self.ident.rdzv_port}"
+        deadline = time.monotonic() + self.cfg.connect_timeout_s
+        while not self.store.check([P.KEY_JOB]):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the store at {where} is not a yoco coordinator's (no job "
+                                  f"id within {self.cfg.connect_timeout_s:.0f} s)")
+            time.sleep(0.05)
+        found = self.store.get(P.KEY_JOB).decode()
+        if found != self.cfg.job_id:
+            raise ConfigError(f"the coordinator at {where} runs job {found!r}, not "
+                              f"{self.cfg.job_id!r}: this host does not join it")
 
     def _beat(self) -> None:
         # A connection of its own: a TCPStore client runs one request at a time.

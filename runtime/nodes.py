@@ -45,7 +45,8 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
         raise ConfigError("HSDP (--shards) across hosts is not supported yet: run it on "
                           "one host, or plain data parallelism across hosts")
     run_dir = Path(config.runs_root or default_runs_root()) / config.job_id
-    agent = Agent(AgentConfig(identity=identity, script=config.script, args=config.args,
+    agent = Agent(AgentConfig(identity=identity, job_id=config.job_id, script=config.script,
+                              args=config.args,
                               nproc=nproc, log_dir=run_dir / "logs" / identity.node_name,
                               python=config.python, fork_spares=config.fork_spares))
     if not identity.is_coordinator:

@@ -45,6 +45,9 @@ KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the ben
 # Multi-node: one agent per host starts its host's processes for the coordinator (which
 # runs the supervisor) and reports what happens to them, through the same store.
 KEY_AGENT_EVENTS = "agents/events"  # queue: JSON events of every agent, oldest first
+# The job's id, set by the supervisor as soon as it opens the store: an agent that finds
+# another job's id (or none) at its rendezvous endpoint refuses to join it.
+KEY_JOB = "job"
 
 
 def node_info_key(rank: int) -> str:

@@ -276,6 +276,7 @@ class Supervisor:
         self.policy = WarningPolicy()
         self.store = dist.TCPStore(config.host, config.port, is_master=True,
                                    wait_for_workers=False, timeout=timedelta(seconds=60))
+        self.store.set(P.KEY_JOB, self.job_id)  # agents check whose store they reached
         if config.nodes:
             # The agents start the processes (each on its host); this waits for them.
             self.pool = NodePool(self.store, nodes=config.nodes,

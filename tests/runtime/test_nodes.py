@@ -264,6 +264,31 @@ def test_a_spare_node_lost_before_it_is_called_in(
     assert recs[-1]["kind"] == "job_finished"
 
 
+def test_an_agent_refuses_another_jobs_coordinator(tmp_path: Path) -> None:
+    # The rendezvous port is held by another job's coordinator (a port reused on a shared
+    # machine, two jobs given one endpoint): the host must not join it -- a clear error,
+    # exit 2, and nothing registered in that job's store.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from runtime import protocol as P
+
+    port = free_rendezvous_port()
+    other = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    other.set(P.KEY_JOB, "someone-else")
+    proc = subprocess.run(
+        [sys.executable, "-m", "yoco.cli_runtime", "run", "--nnodes", "2", "--node-rank", "1",
+         "--node-name", "host1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--job-id", "mine",
+         "--runs-root", str(tmp_path / "runs"), "--no-nvml", EXAMPLE, "--steps", "2"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "runs job 'someone-else', not 'mine'" in proc.stderr
+    assert not other.check([P.node_info_key(1)]) and not other.check([P.node_beat_key(1)])
+
+
 def test_coordinator_loss_stops_cleanly_and_resume_loses_no_record(
         tmp_path: Path, cluster_factory: Any) -> None:
     # host0 (the coordinator and its agent) is killed. The other agents see the store go,
