@@ -9,7 +9,8 @@ The agent:
 * registers ``node/RANK/info`` (name, pid, process group, machine, places);
 * beats every 0.1 s from a thread of its own (``node/RANK/beat``, a counter);
 * takes the coordinator's requests from its queue: ``spawn`` (a worker or spare process
-  of SCRIPT, forked from its spare zygote when it is ready) and ``kill``;
+  of SCRIPT, forked from its spare zygote when it is ready), ``kill`` and ``lend`` (the
+  host goes to another job for a while: ``on_lend``, :func:`runtime.loanagent.serve_loan`);
 * reports on the shared event queue each process it started (``started`` with its pid),
   each one that begins to die (``exiting``: the kernel's ``PF_EXITING``, within ~1 ms of
   a SIGKILL) and each exit status (``exit``);
@@ -32,6 +33,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -97,6 +99,10 @@ class Agent:
         self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.stop = threading.Event()
         self.store: Any = None
+        # Serves a ``lend`` request (runtime.loanagent.serve_loan, set by runtime.nodes
+        # for a job in a host pool); returns True when this agent should stop. None: the
+        # host is never lent.
+        self.on_lend: Callable[[Agent, dict[str, Any]], bool] | None = None
 
     def _connect(self) -> Any:
         deadline = time.monotonic() + self.cfg.connect_timeout_s
@@ -203,6 +209,9 @@ class Agent:
                 self._spawn(slot, dict(req.get("env", {})))
             elif req["op"] == "kill" and slot in self.pool.procs:
                 self.pool.kill(slot)
+            elif req["op"] == "lend" and self.on_lend is not None \
+                    and self.on_lend(self, req):
+                self.stop.set()  # the home job ended while this host was lent
 
     def _spawn(self, slot: str, delta: dict[str, str]) -> None:
         env = {**os.environ, **delta, P.ENV_NODE: self.ident.node_name}

@@ -78,6 +78,12 @@ class Node:
     beat_seen: float = field(default_factory=time.time)
     lost: str | None = None  # the cause once lost
     stopped_since: float | None = None  # first look that found it frozen (in a row)
+    # Spare borrowing (runtime.borrowing): lent to another job (not placed on, not
+    # watched), or borrowed from one (its agent joins later; until then not watched).
+    lent: bool = False
+    borrowed: bool = False
+    joined: bool = True
+    join_deadline: float = 0.0
 
     @property
     def reachable(self) -> bool:
@@ -144,7 +150,9 @@ class NodePool:
         self._last_refresh = 0.0
         self._last_beats = 0.0
         self._failures: list[NodeFailure] = []
+        self._returned: list[str] = []
         self._closing = False
+        self.register_timeout_s = register_timeout_s
 
     def _wait_for_agents(self, n: int, timeout: float) -> list[Node]:
         deadline = time.monotonic() + timeout
@@ -184,7 +192,7 @@ class NodePool:
 
     def _place(self) -> Node | None:
         for node in self.nodes:
-            if node.lost is None and sum(
+            if node.lost is None and not node.lent and sum(
                     1 for p in self.procs.values()
                     if p.node is node and p.returncode is None) < node.nproc:
                 return node
@@ -195,8 +203,9 @@ class NodePool:
         node = self._place()
         if node is None:
             raise ConfigError(f"no node has a free place for {slot}")
+        # A borrowed node's agent has another job's environment: it gets every variable.
         delta = {k: v for k, v in env.items() if k.startswith("YOCO_") and
-                 os.environ.get(k) != v}
+                 (node.borrowed or os.environ.get(k) != v)}
         self.procs[slot] = RemoteProcess(self, slot, node)
         self.request(node, {"op": "spawn", "slot": slot, "env": delta})
 
@@ -232,6 +241,32 @@ class NodePool:
                 or p.node.lost is not None or process_stopped(p.node.pid):
             return False
         return process_stopped(p.pid)
+    def adopt(self, name: str, *, rank: int, nproc: int) -> None:
+        """Add host ``name``, borrowed from another job, as node ``rank``: processes
+        can be placed on it now (its agent serves them once it has joined; a node that
+        has not joined within the registration timeout is lost)."""
+        assert rank == len(self.nodes)
+        self.nodes.append(Node(rank=rank, name=name, pid=0, pgid=0, machine="", nproc=nproc,
+                               borrowed=True, joined=False,
+                               join_deadline=time.time() + self.register_timeout_s))
+
+    def lend(self, name: str, req: dict[str, Any]) -> None:
+        """Hand host ``name`` to another job: ``req`` goes to its agent, and the node is
+        neither placed on nor watched until it comes back (:meth:`take_returned`)."""
+        node = next(n for n in self.nodes if n.name == name)
+        self.request(node, req)
+        node.lent = True
+
+    def lose_unjoined(self, node: Node, detail: str) -> None:
+        """A borrowed node that will not join (its loan was withdrawn) is lost now."""
+        if node.lost is None and not node.joined:
+            self._lose(node, "node_lost", detail, time.time())
+
+    def take_returned(self) -> list[str]:
+        """Names of the lent hosts that came back since the last call."""
+        self.refresh()
+        out, self._returned = self._returned, []
+        return out
 
     def take_node_failures(self) -> list[NodeFailure]:
         """Nodes found lost since the last call (each is one incident)."""
@@ -273,6 +308,12 @@ class NodePool:
             self._check_nodes()
 
     def _apply(self, ev: dict[str, Any]) -> None:
+        if ev["kind"] == "returned":  # a lent host is back (runtime.borrowing)
+            for node in self.nodes:
+                if node.name == ev.get("node") and node.lent:
+                    node.lent, node.beat, node.beat_seen = False, -1, time.time()
+                    self._returned.append(node.name)
+            return
         p = self.procs.get(str(ev.get("slot")))
         if p is None or p.returncode is not None:
             return
@@ -284,7 +325,10 @@ class NodePool:
             p.returncode = int(ev["rc"])
 
     def _check_nodes(self) -> None:
-        live = [n for n in self.nodes if n.lost is None]
+        for node in self.nodes:
+            if node.lost is None and not node.joined:
+                self._join(node)
+        live = [n for n in self.nodes if n.lost is None and not n.lent and n.joined]
         if not live:
             return
         beats = self.store.multi_get([P.node_beat_key(n.rank) for n in live])
@@ -318,6 +362,17 @@ class NodePool:
             node.stopped_since = now
         deadline = stopped_deadline(self.step_seconds(), self.stopped_factor)
         return silent >= deadline and now - node.stopped_since >= deadline / 2
+
+    def _join(self, node: Node) -> None:
+        key = P.node_info_key(node.rank)
+        if self.store.check([key]):
+            info = json.loads(self.store.get(key))
+            node.pid, node.pgid = int(info["pid"]), int(info["pgid"])
+            node.machine, node.joined, node.beat_seen = info["machine"], True, time.time()
+            log.info("node %d (%s), borrowed, joined", node.rank, node.name)
+        elif time.time() > node.join_deadline:
+            self._lose(node, "node_lost", f"node {node.name} (borrowed) did not join within "
+                       f"{self.register_timeout_s:.0f} s", time.time())
 
     def _lose(self, node: Node, cause: str, detail: str, since: float) -> None:
         node.lost = cause

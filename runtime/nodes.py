@@ -24,6 +24,7 @@ from runtime.agent import Agent, AgentConfig
 from runtime.control import default_runs_root
 from runtime.errors import ConfigError
 from runtime.identity import NodeIdentity
+from runtime.loanagent import serve_loan
 from runtime.sink import RecordSink
 from runtime.supervisor import JobResult, LaunchConfig, launch
 
@@ -49,6 +50,8 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
                               args=config.args,
                               nproc=nproc, log_dir=run_dir / "logs" / identity.node_name,
                               python=config.python, fork_spares=config.fork_spares))
+    if config.pool:
+        agent.on_lend = serve_loan  # this host may be lent to a job of higher priority
     if not identity.is_coordinator:
         return agent.run(), None
     box: dict[str, int] = {}

@@ -69,6 +69,29 @@ def node_requests_key(rank: int) -> str:
 NODE_BEAT_INTERVAL_S = 0.1
 
 
+def node_job_key(rank: int) -> str:
+    """Key, in a borrower's store, of what a borrowed node ``rank``'s agent runs there:
+    JSON {script, args, python, job} (the borrower's script, not the lender's)."""
+    return f"node/{rank}/job"
+
+
+# ----------------------------------------------------------------- the shared pool
+# Spare borrowing (runtime.borrowing): the coordinators of several jobs and their agents
+# share one pool store (``yoco pool``, a TCPStore of its own). Each host has one record,
+# changed only by compare-and-set, so a host belongs to exactly one job at any time.
+KEY_POOL_HOSTS = "pool/hosts"  # counter: how many host names are listed
+
+
+def pool_host_name_key(index: int) -> str:
+    """Key of the ``index``-th host name registered in the pool (0-based)."""
+    return f"pool/name/{index}"
+
+
+def pool_host_key(name: str) -> str:
+    """Key of host ``name``'s pool record (JSON :class:`runtime.borrowing.HostRecord`)."""
+    return f"pool/host/{name}"
+
+
 def plan_key(gen: int) -> str:
     """Key of generation ``gen``'s plan."""
     return f"g{gen}/plan"

@@ -48,6 +48,7 @@ class Incident:
     step: int
     emitted: bool = True  # False: a death whose exit status is not known yet
     gen: int = -1  # the generation that failed
+    note: str = ""  # appended to the failure's detail (e.g. the host borrowed for it)
 
 
 @dataclass(kw_only=True, slots=True)

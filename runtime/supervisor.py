@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from runtime import protocol as P
 from runtime import records as R
+from runtime.borrowing import Loans
 from runtime.checkpointing import read_committed
 from runtime.control import default_runs_root, take_requests, write_status
 from runtime.errors import ConfigError, RecordError
@@ -120,6 +121,10 @@ class LaunchConfig:
     nodes: int = 0
     node_timeout_s: float = 2.0
     node_register_timeout_s: float = 300.0
+    # Spare borrowing (runtime.borrowing; multi-node only): HOST:PORT of the pool store
+    # shared with other jobs, and this job's priority there (higher may borrow from lower).
+    pool: str | None = None
+    priority: int = 0
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     finish_timeout_s: float = 120.0
@@ -160,6 +165,8 @@ class LaunchConfig:
             raise ConfigError("nodes must be >= 0 and port in 0..65535")
         if self.node_timeout_s <= 0 or self.node_register_timeout_s <= 0:
             raise ConfigError("node timeouts must be > 0")
+        if self.pool is not None and not self.nodes:
+            raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
 
 
 #: Deaths this close to an unplanned failure still recovering are the same incident (a
@@ -284,6 +291,9 @@ class Supervisor:
                                  register_timeout_s=config.node_register_timeout_s,
                                  stopped_factor=config.hang_stopped_factor,
                                  step_seconds=lambda: self.step_seconds)
+        # Hosts shared with other jobs (lent and borrowed): runtime.borrowing.
+        self.loans = Loans(self, pool=config.pool, priority=config.priority) \
+            if config.pool else None
 
     # ----------------------------------------------------------------- records
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -347,6 +357,9 @@ class Supervisor:
             "members": self.members, "spares": self.spares, "step": self.last_step,
             "contract_id": self.cfg.contract_id, "spares_configured": self.cfg.spares,
             "store_port": self.store.port,
+            # The data-parallel width over time (it changes only while a host is lent).
+            "widths": self.loans.widths if self.loans is not None else
+            [{"gen": 0, "width": self.cfg.workers, "from_step": 0}],
             "moves_pending": [{"worker": mv.slot, "class": mv.failure_class.value,
                                "cause": mv.cause, "since": mv.detected}
                               for mv in self.moves],
@@ -479,6 +492,8 @@ class Supervisor:
                 self._handle_telemetry()
                 self._handle_drains()
             self._handle_moves()
+            if self.loans is not None:
+                self.loans.poll()
             self._handle_watchdog(now)
             self._handle_progress()
             if self.store.check([P.KEY_DONE]):
@@ -640,6 +655,8 @@ class Supervisor:
                 else:
                     cause = "process_exit"
                 detail = ", ".join(f"{s} exit {rc}" for s, rc in rcs)
+            if inc.note:  # e.g. the host borrowed for it: kept whole, the cause trimmed
+                detail = detail[:500 - len(inc.note)] + inc.note
             rec_ = self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
                                         detail, inc.detected)
             inc.event_id, inc.cause, inc.emitted = rec_["event_id"], cause, True
@@ -676,6 +693,9 @@ class Supervisor:
                 log.warning("no spare left for %s: started %s", ", ".join(dead), extra)
                 self.spares.append(extra)
                 ready.append(extra)
+        if holders and len(ready) < len(dead) and self.loans is not None:
+            # No spare of its own: a host of a lower-priority job (runtime.borrowing).
+            ready += self.loans.borrow(len(dead) - len(ready), inc)
         if holders and len(ready) >= len(dead):
             replace = dict(zip(dead, ready, strict=False))
             members = [replace.get(m, m) for m in self.members]
@@ -784,6 +804,8 @@ class Supervisor:
                                  step_seconds=max(self.step_seconds, 1e-6),
                                  gpus_affected=self.cfg.workers))
         self.recovery = Recovery()
+        if self.loans is not None:
+            self.loans.close()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=self.last_step))
         self.state = JobState.FAILED
@@ -1059,6 +1081,8 @@ class Supervisor:
     def _finish(self, step: int) -> JobResult:
         self._handle_ready()
         self.last_step = step
+        if self.loans is not None:
+            self.loans.close()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=step))
         deadline = time.time() + self.cfg.finish_timeout_s

@@ -148,6 +148,13 @@ def run(
         2.0, "--node-timeout", min=0.1,
         help="Multi-node: a node whose agent has not beaten for this long is hung: it is "
              "fenced and replaced by a spare node (cause hang)."),
+    pool: str | None = typer.Option(
+        None, "--pool", envvar="YOCO_POOL",
+        help="Multi-node: HOST:PORT of a host pool shared with other jobs (yoco pool): "
+             "with no spare left this job borrows a host of a lower-priority job, and "
+             "lends its own hosts to higher-priority ones."),
+    priority: int = typer.Option(
+        0, "--priority", help="This job's priority in the --pool (higher borrows from lower)."),
 ) -> None:
     """Launch a fault-tolerant data-parallel training job (like torchrun).
 
@@ -204,6 +211,10 @@ def run(
             if cfg.job_id is None and os.environ.get("SLURM_JOB_ID"):
                 cfg.job_id = f"slurm-{os.environ['SLURM_JOB_ID']}"
             cfg.node_timeout_s = node_timeout
+            cfg.pool, cfg.priority = pool, priority
+            cfg.__post_init__()
+        elif pool is not None:
+            raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -426,6 +437,19 @@ def outbox_deliver(
         raise typer.Exit(3)
 
 
+def pool(
+    port: int = typer.Option(29500, "--port", min=1, max=65535,
+                             help="Port of the pool store (it listens on every address, "
+                                  "as the coordinator's store does)."),
+) -> None:
+    """Serve a host pool shared by several jobs' coordinators (spare borrowing): run
+    once, and give every job `yoco run --nnodes ... --pool HOST:PORT --priority N`."""
+    from runtime.borrowing import serve_pool
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve_pool(port)
+
+
 _RUN_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -435,6 +459,7 @@ def register(app: typer.Typer, *, default_sink: SinkHook | None = None) -> None:
         set_default_sink(default_sink)
     app.command("run", context_settings=_RUN_SETTINGS)(run)
     app.command("drain")(drain)
+    app.command("pool")(pool)
     app.add_typer(outbox_app, name="outbox")
 
 
