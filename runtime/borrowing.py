@@ -24,7 +24,8 @@ The policy (docs/runtime.md, "Borrowing a spare node"):
 * **Giving back**: when the borrower's job ends (or its coordinator is lost), the agent
   ends the borrower's processes there, marks the host ``home`` again and rejoins its own
   job, whose coordinator starts new processes there and, once they are ready, plans a
-  live generation at the full width again.
+  generation at the full width again (a move plan: the members switch at a step
+  boundary, the newcomers receive the state from them).
 * **Records**: the borrower's failure names the borrowed host in its detail. The lender
   writes one ``planned`` failure, cause :data:`CAUSE_LENT`, node = the lent host, dated at
   the shrink, and its ``outcome`` when the full width is back (``live_migrated``, 0 lost
@@ -370,6 +371,7 @@ class Loans:
             log.warning("generation %d: %s lent to job %s, members %s", gen, rec.name,
                         rec.borrower["job"], stay)
             sup._publish(P.Plan(gen=gen, mode=P.PlanMode.LIVE, members=stay))
+            sup._advanced_at = None  # the step watchdog re-arms at the first step of gen
         for s in on + spares_on:
             self.nodes.kill(s)
         self.nodes.lend(rec.name, {"op": "lend", "slot": "", "pool": self.client.endpoint})
@@ -413,7 +415,11 @@ class Loans:
                 loan.grow_gen = gen
                 log.warning("generation %d: %s back, width %d -> %d, members %s", gen, name,
                             len(sup.members), len(members), members)
-                sup._publish(P.Plan(gen=gen, mode=P.PlanMode.LIVE, members=members))
+                # A move plan: rank 0 sees it at its next step and the members switch at
+                # that step's boundary (a lone member's collectives never wait, so it
+                # would not notice a live plan until its end).
+                sup._publish(P.Plan(gen=gen, mode=P.PlanMode.MOVE, members=members))
+                sup._advanced_at = None  # (as for a recovery: re-armed when it steps)
             elif sup.gen >= loan.grow_gen and set(loan.replacements) <= set(sup.members) \
                     and sup.store.check([P.ready_key(sup.gen)]):
                 timing = json.loads(sup.store.get(P.ready_key(sup.gen)))

@@ -211,8 +211,7 @@ def run(
             if cfg.job_id is None and os.environ.get("SLURM_JOB_ID"):
                 cfg.job_id = f"slurm-{os.environ['SLURM_JOB_ID']}"
             cfg.node_timeout_s = node_timeout
-            cfg.pool, cfg.priority = pool, priority
-            cfg.__post_init__()
+            cfg.pool, cfg.priority = pool, priority  # checked in run_node (nodes known)
         elif pool is not None:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
     except ConfigError as exc:

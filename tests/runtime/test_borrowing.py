@@ -44,7 +44,7 @@ from tests.runtime.test_nodes import _free_port, _suppress
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
 HI_STEPS = 16
-LO_STEPS = 60
+LO_STEPS = 40
 
 pytestmark = pytest.mark.slow
 
