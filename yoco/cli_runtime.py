@@ -441,8 +441,12 @@ def pool(
                              help="Port of the pool store (it listens on every address, "
                                   "as the coordinator's store does)."),
 ) -> None:
-    """Serve a host pool shared by several jobs' coordinators (spare borrowing): run
-    once, and give every job `yoco run --nnodes ... --pool HOST:PORT --priority N`."""
+    """Serve a host pool shared by several jobs' coordinators (spare borrowing).
+
+    Run it once, then start every job sharing it with yoco run --nnodes N ... --pool
+    HOST:PORT --priority P: a job with no spare left borrows a host of a job of lower
+    priority, which goes on narrower until the host comes back.
+    """
     from runtime.borrowing import serve_pool
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
