@@ -67,6 +67,11 @@ ROLES = ("train", "spare")
 
 #: How often a coordinator reads the pool.
 POLL_INTERVAL_S = 0.1
+#: A coordinator's pool requests time out after this (they run in its loop: a pool that
+#: does not answer must not stall the job's own failure handling for long) ...
+POOL_TIMEOUT_S = 1.0
+#: ... and after a failed one the pool is left alone this long (the job goes on).
+POOL_RETRY_S = 5.0
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -254,7 +259,7 @@ class Loans:
     def __init__(self, sup: Supervisor, *, pool: str, priority: int) -> None:
         self.sup = sup
         self.nodes: NodePool = sup.pool  # type: ignore[assignment]
-        self.client = PoolClient(pool)
+        self.client = PoolClient(pool, timeout_s=POOL_TIMEOUT_S)
         self.priority = priority
         self.endpoint = f"{sup.cfg.host}:{sup.store.port}"
         self.loans: dict[str, Loan] = {}
@@ -289,8 +294,13 @@ class Loans:
             spec = {"script": sup.cfg.script, "args": sup.cfg.args, "python": sup.cfg.python,
                     "job": sup.job_id}
             sup.store.set(P.node_job_key(rank), json.dumps(spec))
-            rec = self.client.claim(job=sup.job_id, priority=self.priority,
-                                    endpoint=self.endpoint, rank=rank)
+            try:
+                rec = self.client.claim(job=sup.job_id, priority=self.priority,
+                                        endpoint=self.endpoint, rank=rank)
+            except (RuntimeError, dist.DistStoreError) as exc:
+                log.warning("cannot borrow: the pool at %s does not answer (%s)",
+                            self.client.endpoint, exc)
+                rec = None
             if rec is None:
                 break
             self.nodes.adopt(rec.name, rank=rank, nproc=rec.nproc)
@@ -307,11 +317,26 @@ class Loans:
 
     # ------------------------------------------------------------- as lender
     def poll(self) -> None:
-        """Serve claims on this job's hosts, hosts coming back, and the widening after."""
+        """Serve claims on this job's hosts, hosts coming back, and the widening after.
+        A pool that does not answer is logged and left alone for a while: the job goes
+        on (no new loan meanwhile; the width comes back with the host, which is told by
+        its agent through the job's own store)."""
         now = time.time()
         if now - self._last_poll < POLL_INTERVAL_S:
             return
         self._last_poll = now
+        try:
+            self._poll_pool()
+        except (RuntimeError, dist.DistStoreError) as exc:
+            log.warning("the pool at %s does not answer (%s): trying again in %.0f s",
+                        self.client.endpoint, exc, POOL_RETRY_S)
+            self._last_poll = now + POOL_RETRY_S
+        for name in self.nodes.take_returned():
+            self._returned(name)
+        self._widen()
+        self._note_widths()
+
+    def _poll_pool(self) -> None:
         lost = {n.name for n in self.nodes.nodes if n.lost is not None}
         for name in self.mine:
             got = self.client.get(name)
@@ -333,10 +358,6 @@ class Loans:
                     or got[1].borrower.get("job") != self.sup.job_id:
                 self.borrowed.remove(name)
                 self.nodes.lose_unjoined(node, f"node {name}: its owner withdrew the loan")
-        for name in self.nodes.take_returned():
-            self._returned(name)
-        self._widen()
-        self._note_widths()
 
     def _lend(self, rec: HostRecord) -> None:
         sup = self.sup

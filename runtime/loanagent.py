@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from runtime import protocol as P
 from runtime.agent import Agent, AgentConfig
-from runtime.borrowing import PoolClient, parse_endpoint
+from runtime.borrowing import HostRecord, PoolClient, parse_endpoint
 from runtime.errors import ConfigError
 
 log = logging.getLogger("yoco.runtime.loanagent")
@@ -52,11 +53,12 @@ def serve_loan(agent: Agent, req: dict[str, Any]) -> bool:
         with contextlib.suppress(Exception):
             p.wait(timeout=30)
     agent._report()  # their exits, to the home coordinator
-    pool = PoolClient(str(req["pool"]))
-    rec = pool.update(name, lambda r: dataclasses.replace(r, state="lent")
-                      if r.state == "lending" else None)
+    endpoint = str(req["pool"])
+    rec = _mark(endpoint, name, lambda r: dataclasses.replace(r, state="lent")
+                if r.state == "lending" else None)
     if rec is None or rec.borrower is None:
-        log.warning("node %s: the loan was withdrawn: back to its own job", name)
+        log.warning("node %s: the loan was withdrawn (or the pool does not answer): back "
+                    "to its own job", name)
         agent._event({"kind": "returned", "slot": "", "pid": os.getpid()})
         return False
     b = rec.borrower
@@ -81,11 +83,22 @@ def serve_loan(agent: Agent, req: dict[str, Any]) -> bool:
         rc = borrowed.run()
     except (RuntimeError, dist.DistStoreError, ConfigError, OSError) as exc:
         log.error("node %s: serving job %s failed: %s", name, b["job"], exc)
-    back = pool.update(name, lambda r: dataclasses.replace(r, state="home", borrower=None)
-                       if r.state == "lent" else None)
+    back = _mark(endpoint, name, lambda r: dataclasses.replace(r, state="home", borrower=None)
+                 if r.state == "lent" else None)
     log.warning("node %s: back from job %s (its agent ended with %s)", name, b["job"], rc)
     if back is not None and back.home_ended:
         log.info("node %s: its own job has ended meanwhile", name)
         return True
     agent._event({"kind": "returned", "slot": "", "pid": os.getpid()})
     return False
+
+
+def _mark(endpoint: str, name: str, change: Callable[[HostRecord], HostRecord | None]
+          ) -> HostRecord | None:
+    """Change host ``name``'s pool record (:meth:`PoolClient.update`); None when nothing
+    changed or the pool does not answer (logged): the agent serves its own job anyway."""
+    try:
+        return PoolClient(endpoint).update(name, change)
+    except (RuntimeError, dist.DistStoreError, ConfigError) as exc:
+        log.error("node %s: the pool at %s does not answer: %s", name, endpoint, exc)
+        return None
