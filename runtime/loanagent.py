@@ -74,7 +74,8 @@ def serve_loan(agent: Agent, req: dict[str, Any]) -> bool:
         ident = dataclasses.replace(agent.ident, node_rank=rank, nnodes=rank + 1,
                                     spare_nodes=0, rdzv_host=host, rdzv_port=port)
         borrowed = Agent(AgentConfig(
-            identity=ident, script=str(spec["script"]), args=list(spec["args"]),
+            identity=ident, job_id=str(spec["job"]), script=str(spec["script"]),
+            args=list(spec["args"]),
             nproc=agent.cfg.nproc, log_dir=agent.cfg.log_dir / f"lent-to-{b['job']}",
             python=str(spec["python"]), fork_spares=False,
             coordinator_timeout_s=agent.cfg.coordinator_timeout_s))
