@@ -169,10 +169,28 @@ class Membership:
         members (HSDP: this rank's replicate and shard groups), each on the prefix
         ``g{gen}/{name}/``; they end up in ``sub[key]``."""
         result: dict[str, Any] = {}
+        stores: list[Any] = []
         timeout = timedelta(seconds=self.collective_timeout_s)
         host, port = self.store_addr
 
-        def build() -> None:
+        def world(store: Any) -> Any:
+            base = dist.PrefixStore(P.group_prefix(gen, prefix), store)
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", base), rank, size, timeout)
+            if self.use_nccl:
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                result["main"] = dist.ProcessGroupNCCL(
+                    dist.PrefixStore("nccl/", base), rank, size, opts)
+            else:
+                result["main"] = gloo
+            return gloo
+
+        def sub(name: str, sub_rank: int, sub_size: int) -> Callable[[Any], Any]:
+            return lambda store: dist.ProcessGroupGloo(
+                dist.PrefixStore(P.group_prefix(gen, name), store), sub_rank, sub_size,
+                timeout)
+
+        def build(key: str, make: Callable[[Any], Any]) -> None:
             try:
                 # A connection of its own: a TCPStore client runs one request at a time,
                 # and the rendezvous blocks in a store wait until every peer has written
@@ -180,32 +198,25 @@ class Membership:
                 # that died before writing it froze this process's generation polling
                 # behind that wait: the job hung after a kill-all with a spare called in.
                 store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-                result["store"] = store
-                base = dist.PrefixStore(P.group_prefix(gen, prefix), store)
-                gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", base), rank, size,
-                                             timeout)
-                result["cpu"] = gloo
-                if self.use_nccl:
-                    opts = dist.ProcessGroupNCCL.Options()
-                    opts._timeout = timeout
-                    result["main"] = dist.ProcessGroupNCCL(
-                        dist.PrefixStore("nccl/", base), rank, size, opts)
-                else:
-                    result["main"] = gloo
-                for key, name, sub_rank, sub_size in subgroups:
-                    result["sub/" + key] = dist.ProcessGroupGloo(
-                        dist.PrefixStore(P.group_prefix(gen, name), store), sub_rank,
-                        sub_size, timeout)
+                stores.append(store)
+                result[key] = make(store)
             except Exception as exc:  # reported below as a collective failure
-                result["error"] = exc
+                result.setdefault("error", exc)
 
-        thread = threading.Thread(target=build, name="yoco-pg", daemon=True)
-        thread.start()
+        # Every group on a thread of its own, so that they rendezvous at the same time:
+        # built one after another, HSDP's three groups (world, replicate, shard) took
+        # three rendezvous round trips of the slowest member each.
+        jobs: list[tuple[str, Callable[[Any], Any]]] = [("cpu", world)]
+        jobs += [("sub/" + key, sub(name, r, n)) for key, name, r, n in subgroups]
+        threads = [threading.Thread(target=build, args=job, name="yoco-pg", daemon=True)
+                   for job in jobs]
+        for thread in threads:
+            thread.start()
         deadline = time.monotonic() + self.regroup_timeout_s
         self.gen = gen  # so that check_generation compares against the new generation
         since = time.monotonic()
-        while thread.is_alive():
-            thread.join(self.poll_interval_s * 2)
+        while any(t.is_alive() for t in threads) and "error" not in result:
+            next(t for t in threads if t.is_alive()).join(self.poll_interval_s * 2)
             self.beat(since)
             latest = self.latest_gen()
             if latest > gen:
@@ -217,7 +228,7 @@ class Membership:
             self.collective_failed(P.Phase.REGROUP, result["error"])
         if self.pg is not None:
             self._graveyard.extend([self.pg, self.cpu_pg])
-        self._graveyard.append(result["store"])  # the group's rendezvous connection
+        self._graveyard.extend(stores)  # the groups' rendezvous connections
         self.pg, self.cpu_pg = result["main"], result["cpu"]
         if subgroups:
             self._graveyard.extend(self.sub.values())
@@ -227,6 +238,21 @@ class Membership:
     def wait(self, work: Any, *, phase: P.Phase) -> None:
         """Wait for ``work`` without ever blocking inside it; raise GenerationChanged
         as soon as a newer non-move generation is published."""
+        # Fast path: a collective that has already completed (FSDP2 prefetches its
+        # all-gathers, so most are done when waited for) needs no callback, no event and
+        # no generation check: wait() returns at once (or raises its error). HSDP issues
+        # ~30 collectives a step, and the slow path's machinery cost ~1 ms each on a
+        # busy 2-core machine. (gloo p2p works report is_completed() only after wait().)
+        try:
+            finished = bool(work.is_completed())
+        except Exception:  # a work type without it: take the slow path
+            finished = False
+        if finished:
+            try:
+                work.wait()
+            except Exception as exc:  # gloo raises RuntimeError subclasses; any is a fault
+                self.collective_failed(phase, exc)
+            return
         done = threading.Event()
         error: list[BaseException] = []
         threaded = False
