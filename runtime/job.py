@@ -34,6 +34,7 @@ from runtime.errors import CheckpointError, CollectiveError, ConfigError, Genera
 from runtime.faults import FaultInjector, decode_faults
 from runtime.hsdp import (
     ElasticGroup,
+    LocalShardStep,
     ShardReducer,
     clip_sharded_grad_norm_,
     group_of,
@@ -126,10 +127,12 @@ class Job:
         # HSDP: the model is sharded with fully_shard over ``mesh`` (runtime.hsdp.shard_mesh)
         self._elastic: ElasticGroup | None = None
         self._shard_reducer: ShardReducer | None = None
+        self._local_step: LocalShardStep | None = None
         self.shards = 1
         if mesh is not None:
             self._elastic = group_of(mesh)
             self._shard_reducer = ShardReducer(model, self.device)
+            self._local_step = LocalShardStep(optimizer)
             self.shards = self._elastic.size()
             self._elastic.waiter = lambda w: w.wait()  # alone; a member waits its way
         self._m: Membership | None = None
@@ -179,6 +182,9 @@ class Job:
         # after it), or abandoned because the membership changed while it was in flight.
         self._reduced = False
         self._abandoned: GenerationChanged | None = None
+        # HSDP: this rank's move flag for the replica group's commit agreement, pending
+        # until it rides on the clipping norm's allreduce or _finish_step runs it alone.
+        self._agree: float | None = None
 
     # ----------------------------------------------------------------- public API
     @property
@@ -237,9 +243,13 @@ class Job:
         if not self.reduce_gradients():
             return torch.tensor(float("nan"))
         if self._elastic is not None:
-            norm = clip_sharded_grad_norm_(self.model, max_norm, self._elastic)
+            norm, flag = clip_sharded_grad_norm_(self.model, max_norm, self._elastic,
+                                                 flag=self._agree)
             if self._elastic.abandoned is not None:
                 return torch.tensor(float("nan"))
+            if flag is not None:  # the replica group's commit agreement (see _agree)
+                self._move_seen = self._move_seen or flag > 0
+                self._agree = None
             return norm
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
@@ -330,7 +340,7 @@ class Job:
         while self.step < total:
             self._begin_local()
             yield self.step
-            self.optimizer.step()
+            self._optimizer_step()
             if self.scheduler is not None:
                 self.scheduler.step()
             self.step += 1
@@ -345,6 +355,7 @@ class Job:
             self._reducer.zero(self.optimizer)
         self._reduced = False
         self._abandoned = None
+        self._agree = None
 
     # ----------------------------------------------------------------- step
     def _begin_step(self) -> None:
@@ -380,10 +391,11 @@ class Job:
 
     def _reduce_sharded(self) -> None:
         """HSDP: FSDP2 has averaged the gradient inside the replica group (reduce-scatter);
-        average each shard over the replica groups, then agree inside the replica group
-        (a one-number allreduce) that every shard made it, so that a replica group
-        commits the step on all its shards or on none, and a move flag raised by rank 0
-        reaches every rank."""
+        average each shard over the replica groups. The replica group then has to agree
+        that every shard made it (so that it commits the step on all its shards or on
+        none) and a move flag raised by rank 0 has to reach every rank: a one-number
+        allreduce in the shard group, which :meth:`clip_grad_norm_` folds into its norm's
+        allreduce and :meth:`_finish_step` runs alone otherwise (:meth:`_agree_shards`)."""
         assert self._m is not None and self._faults is not None
         assert self._shard_reducer is not None and self._elastic is not None
         m = self._m
@@ -393,12 +405,21 @@ class Job:
         if self._faults.in_collective(step=self.step, rank=self.rank):
             m.collective_failed(P.Phase.STEP, CollectiveError("injected collective error"))
         m.wait(work, phase=P.Phase.STEP)
-        flag = torch.tensor([1.0 if self._shard_reducer.finish(
-            grads, self.world_size // self.shards) else 0.0])
-        m.wait(m.sub["shard"].allreduce([flag]), phase=P.Phase.STEP)
+        move = self._shard_reducer.finish(grads, self.world_size // self.shards)
+        self._agree = 1.0 if move else 0.0
+        self._reduced = True
+
+    def _agree_shards(self) -> None:
+        """The replica group's commit agreement, when the body did not clip (see
+        :meth:`_reduce_sharded`); raises GenerationChanged when a peer cannot agree."""
+        if self._agree is None:
+            return
+        assert self._m is not None
+        flag = torch.tensor([self._agree])
+        self._m.wait(self._m.sub["shard"].allreduce([flag]), phase=P.Phase.STEP)
         if float(flag[0]) > 0:
             self._move_seen = True
-        self._reduced = True
+        self._agree = None
 
     def _finish_step(self) -> None:
         if self._elastic is not None and self._elastic.abandoned is not None:
@@ -407,11 +428,20 @@ class Job:
             raise self._abandoned  # the body's reduce_gradients saw the membership change
         if not self._reduced:
             self._reduce()
+        self._agree_shards()
         self._complete_transfer()
-        self.optimizer.step()
+        self._optimizer_step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.step += 1
+
+    def _optimizer_step(self) -> None:
+        # HSDP: on the local shards (runtime.hsdp.LocalShardStep: same numbers, without
+        # DTensor's per-kernel dispatch).
+        if self._local_step is not None:
+            self._local_step.step()
+        else:
+            self.optimizer.step()
 
     def _after_commit(self, seconds: float) -> None:
         assert self._m is not None
