@@ -18,6 +18,7 @@ CUDA/NCCL: not run here (no GPU); see docs/benchmarks-runtime.md for the one com
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from runtime.supervisor import LaunchConfig, launch
 ROOT = Path(__file__).resolve().parents[1]
 GPT = str(ROOT / "examples" / "gpt_train.py")
 PEER = str(ROOT / "bench" / "hsdp_baseline_worker.py")
+TORCHFT = str(ROOT / "bench" / "hsdp_torchft_worker.py")
 # ~3.2 M parameters (dim 256, 4 blocks): 12.7 MB of weights, 38 MB with AdamW's moments;
 # short sequences so that a step is a fraction of a second on a busy 2-core machine.
 MODEL = ["--dim", "256", "--layers", "4", "--heads", "8", "--seq", "32", "--micro-batch",
@@ -71,14 +73,53 @@ def run_baseline(tmp: Path, steps: int, warmup: int) -> float:
     return float(tf.read_text())
 
 
+def run_torchft(tmp: Path, steps: int, warmup: int) -> float:
+    """Mean steady step time (replica group 0, rank 0) of TorchFT's HSDP: FSDP2 inside each
+    replica group, ``Manager.allreduce`` across them in FSDP2's all-reduce hook, a
+    Lighthouse in this process (both replica groups required in the quorum)."""
+    from torchft.coordination import LighthouseServer
+
+    lh = LighthouseServer(bind="[::]:0", min_replicas=WORKERS // SHARDS,
+                          join_timeout_ms=500, quorum_tick_ms=10, heartbeat_timeout_ms=2000)
+    tf = tmp / "torchft.time"
+    try:
+        stores = [new_store() for _ in range(WORKERS // SHARDS)]
+        procs = [subprocess.Popen([sys.executable, TORCHFT, "--replica", str(g),
+                                   "--group-rank", str(r), "--replicas",
+                                   str(WORKERS // SHARDS), "--shards", str(SHARDS), "--port",
+                                   str(stores[g].port), "--lighthouse", lh.address(),
+                                   "--steps", str(steps), "--warmup-timing", str(warmup),
+                                   "--time-file", str(tf), *MODEL], env=env())
+                 for g in range(WORKERS // SHARDS) for r in range(SHARDS)]
+        for p in procs:
+            assert p.wait(timeout=1800) == 0
+    finally:
+        lh.shutdown()
+    return float(tf.read_text())
+
+
 def throughput(tmp: Path, reps: int) -> None:
-    """Interleaved runtime / baseline runs; print the ratio of throughputs."""
+    """Interleaved runtime / plain FSDP2 HSDP / TorchFT HSDP runs; print the ratios of
+    throughputs (runtime / FSDP2 is the goal; TorchFT is a peer when it is installed)."""
     steps, warmup = 60, 10
-    runs: dict[str, list[float]] = {"runtime": [], "fsdp2": []}
+    try:
+        import torchft  # noqa: F401
+        peers = ["fsdp2", "runtime", "torchft"]
+    except ImportError as exc:
+        print(f"[hsdp throughput] TorchFT not installed ({exc}): not compared")
+        peers = ["fsdp2", "runtime"]
+    runs: dict[str, list[float]] = {k: [] for k in peers}
     for i in range(reps):
-        runs["fsdp2"].append(run_baseline(tmp, steps, warmup))
-        runs["runtime"].append(run_runtime(tmp, f"tp{i}", steps, warmup, 0)[0])
-        shutil.rmtree(tmp / f"tp{i}", ignore_errors=True)
+        for k in peers:
+            if k == "fsdp2":
+                runs[k].append(run_baseline(tmp, steps, warmup))
+            elif k == "torchft":
+                runs[k].append(run_torchft(tmp, steps, warmup))
+            else:
+                runs[k].append(run_runtime(tmp, f"tp{i}", steps, warmup, 0)[0])
+                shutil.rmtree(tmp / f"tp{i}", ignore_errors=True)
+        print(f"[hsdp throughput] rep {i}: " + ", ".join(
+            f"{k} {runs[k][-1] * 1e3:.1f} ms" for k in peers) + f"; {load()}", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"[hsdp throughput] GPT {' '.join(MODEL)}; {WORKERS} ranks = "
           f"{WORKERS // SHARDS} replica groups x {SHARDS} shards; {steps - warmup} timed "
@@ -86,9 +127,16 @@ def throughput(tmp: Path, reps: int) -> None:
     for k, v in runs.items():
         print(f"[hsdp throughput]   {k:8s} median {med[k] * 1e3:7.1f} ms/step "
               f"(runs {[round(x * 1e3, 1) for x in v]})")
-    print(f"[hsdp throughput] ratio runtime/fsdp2 (throughput): median "
-          f"{med['fsdp2'] / med['runtime']:.3f}, best "
+    # Per repetition (same minute, same load): the ratio of each pair of neighbouring runs.
+    paired = [f / r for f, r in zip(runs["fsdp2"], runs["runtime"], strict=True)]
+    print(f"[hsdp throughput] ratio runtime/fsdp2 (throughput): median of medians "
+          f"{med['fsdp2'] / med['runtime']:.3f}, median of per-rep ratios "
+          f"{statistics.median(paired):.3f} (per rep {[round(x, 3) for x in paired]}), best "
           f"{min(runs['fsdp2']) / min(runs['runtime']):.3f} (goal >= 0.98)")
+    if "torchft" in runs:
+        print(f"[hsdp throughput] ratio runtime/torchft (throughput): median "
+              f"{med['torchft'] / med['runtime']:.3f}; torchft/fsdp2: "
+              f"{med['fsdp2'] / med['torchft']:.3f}")
 
 
 def recovery(tmp: Path, reps: int) -> None:
@@ -126,6 +174,7 @@ def main() -> None:
     ap.add_argument("--section", choices=["throughput", "recovery", "all"], default="all")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    os.environ.setdefault("RUST_LOG", "error")  # TorchFT's lighthouse logs every quorum
     tmp = Path(tempfile.mkdtemp(prefix="yoco-hsdp-bench-"))
     t0 = time.time()
     try:
