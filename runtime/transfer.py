@@ -203,8 +203,13 @@ class StateTransfer:
         live: set[int] = set()  # indices received straight into the live model tensors
         for ref in tensor_refs:
             mine = own_model.get(ref.path[1]) if ref.path[0] == "model" else None
+            if isinstance(mine, DTensor):
+                # HSDP: shards travel as plain tensors, straight into this rank's live
+                # shard (before, into a spare buffer and copied: the copy, and the buffer
+                # taken from those pre-faulted for the optimizer state).
+                mine = mine._local_tensor
             if mine is not None and tuple(mine.shape) == ref.shape and mine.dtype == ref.dtype \
-                    and not isinstance(mine, DTensor):  # HSDP: shards travel as plain tensors
+                    and mine.is_contiguous():
                 dest.append(mine)
                 live.add(ref.index)
             else:
