@@ -219,6 +219,8 @@ def main() -> None:
             t_warm = time.perf_counter()
         total_loss = 0.0
         for _ in range(args.accum):  # gradient accumulation: backward passes add up
+            if job.step_abandoned:  # a peer is gone: the step runs again, stop computing
+                break
             idx = sampler.next_batch(job.rank, job.world_size)
             window = tokens[idx.unsqueeze(1) + offsets].to(device)
             x, y = window[:, :-1], window[:, 1:]

@@ -197,6 +197,18 @@ class Job:
         """The membership generation this replica belongs to (-1: none yet)."""
         return self._m.gen if self._m is not None else -1
 
+    @property
+    def step_abandoned(self) -> bool:
+        """True once the step in flight is known to be abandoned (the membership changed
+        while it ran: with HSDP, a collective of FSDP2 found a peer gone). Everything the
+        body still computes in this step is discarded, so a body with several
+        micro-batches may stop early (``if job.step_abandoned: break``): the survivors'
+        new group forms as soon as the slowest of them is out of its body. Reading it
+        costs nothing (an attribute; no store or collective)."""
+        if self._elastic is not None and self._elastic.abandoned is not None:
+            return True
+        return self._abandoned is not None
+
     def state_dict(self) -> dict[str, Any]:
         """Return the full training state: what a replacement needs to continue exactly
         (HSDP: this rank's shards of the model and optimizer state, as plain tensors)."""
