@@ -150,14 +150,14 @@ def throughput(tmp: Path, reps: int) -> None:
               f"{med['fsdp2'] / med['torchft']:.3f}")
 
 
-def recovery(tmp: Path, reps: int, models: list[str]) -> None:
+def recovery(tmp: Path, reps: int, models: list[str], phases: list[str]) -> None:
     """One lost rank: SIGKILL -> first completed step, and the stall (that minus one
     steady step, design §6), vs shard bytes / loopback bandwidth; killed at the step's
     end (the cross-group reduction launched, as the DDP benchmark kills) and mid-step
     (FSDP2's backward)."""
     for label in models:
         model = BIG if label == "big" else MODEL
-        for phase in ("reduce", "backward"):
+        for phase in phases:
             recovery_of(tmp, reps, label, model, phase)
 
 
@@ -209,6 +209,9 @@ def main() -> None:
     ap.add_argument("--models", default="small",
                     help="recovery: comma-separated small (the throughput model), big "
                          "(a ~170 MB shard)")
+    ap.add_argument("--phases", default="reduce,backward",
+                    help="recovery: where the rank is killed (reduce: the step's end; "
+                         "backward: mid-step)")
     args = ap.parse_args()
     os.environ.setdefault("RUST_LOG", "error")  # TorchFT's lighthouse logs every quorum
     tmp = Path(tempfile.mkdtemp(prefix="yoco-hsdp-bench-"))
@@ -217,7 +220,7 @@ def main() -> None:
         if args.section in ("throughput", "all"):
             throughput(tmp, args.reps)
         if args.section in ("recovery", "all"):
-            recovery(tmp, args.reps, args.models.split(","))
+            recovery(tmp, args.reps, args.models.split(","), args.phases.split(","))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[hsdp] done in {time.time() - t0:.0f} s")
