@@ -35,11 +35,12 @@ from runtime import ShardedSampler
 from runtime.borrowing import CAUSE_LENT, PoolClient
 from runtime.errors import ConfigError
 from runtime.job import _step_seed
+from runtime.nodes import free_rendezvous_port
 from runtime.records import validate_record
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
-from tests.runtime.test_nodes import _free_port, _suppress
+from tests.runtime.test_nodes import _suppress
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
@@ -58,8 +59,9 @@ class MultiNodeJob:
         self.sink = tmp / f"{name}.jsonl"
         self.out = tmp / f"{name}.pt"
         self.run_dir = tmp / "runs" / name
+        port = free_rendezvous_port()
         self.args = ["--nnodes", str(hosts), "--nproc-per-node", "1",
-                     "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--job-id", name,
+                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--job-id", name,
                      "--runs-root", str(tmp / "runs"), "--sink", f"jsonl:{self.sink}",
                      "--no-nvml", "--progress-every", "0.2", "--pool", pool,
                      "--priority", str(priority)]
@@ -170,7 +172,7 @@ def replay(steps: int, width: Callable[[int], int]) -> dict[str, Any]:
 
 @pytest.fixture
 def pool_server(tmp_path: Path) -> Any:
-    port = _free_port()
+    port = free_rendezvous_port()
     log = (tmp_path / "pool.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "yoco.cli_runtime", "pool", "--port",
                              str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)},
