@@ -317,35 +317,66 @@ class Job:
         m = self._m
         assert self._faults is not None
         self._join(0)
-        while self.step < total:
-            t0 = time.perf_counter()
-            self._begin_step()
-            yield self.step
-            try:
-                self._finish_step()
-            except GenerationChanged as changed:
-                if self.sampler is not None:
-                    self.sampler.load_state_dict(self._sampler_snapshot)
-                self._join(changed.gen)
+        while True:
+            while self.step < total:
+                t0 = time.perf_counter()
+                self._begin_step()
+                yield self.step
+                try:
+                    self._finish_step()
+                except GenerationChanged as changed:
+                    if self.sampler is not None:
+                        self.sampler.load_state_dict(self._sampler_snapshot)
+                    self._join(changed.gen)
+                    continue
+                self._after_commit(time.perf_counter() - t0)
+                if self._move_seen:
+                    self._move_seen = False
+                    self._join(self.gen + 1)
+            self._complete_transfer()  # joined at the very end: nothing left to step
+            if self.rank == 0 and self._regroup_timing is not None:
+                # A generation that joined with every step already committed (a peer
+                # died in the last step, after its gradient was in): it is complete, so
+                # its recovery is too -- the supervisor records the outcome from this.
+                self._mark_ready(self.step, self._mean_step_seconds())
+            self._faults.at_loop_end(step=self.step, rank=self.rank)
+            m.mark(P.finished_key(self.slot), str(self.step))
+            # Nobody leaves while a peer may still be inside its last collective (see
+            # Membership.await_finished): every member waits for every member's mark.
+            missing = m.await_finished(m.plan(self.gen).members, self.config.finish_timeout_s)
+            if missing and self._rejoin_at_the_end():
                 continue
-            self._after_commit(time.perf_counter() - t0)
-            if self._move_seen:
-                self._move_seen = False
-                self._join(self.gen + 1)
-        self._complete_transfer()  # joined at the very end: nothing left to step
-        self._faults.at_loop_end(step=self.step, rank=self.rank)
-        m.mark(P.finished_key(self.slot), str(self.step))
-        # Nobody leaves while a peer may still be inside its last collective (see
-        # Membership.await_finished): every member waits for every member's mark.
-        missing = m.await_finished(m.plan(self.gen).members, self.config.finish_timeout_s)
-        if missing:
-            log.warning("%s leaves without the finished mark of %s (after %.0f s at most, "
-                        "or the membership changed)", self.slot, ", ".join(missing),
-                        self.config.finish_timeout_s)
+            if missing:
+                log.warning("%s leaves without the finished mark of %s (after %.0f s at "
+                            "most, or the membership changed)", self.slot,
+                            ", ".join(missing), self.config.finish_timeout_s)
+            break
         if self._ckpt is not None:
             self._ckpt.wait()
         if self.rank == 0:
             m.mark(P.KEY_DONE, str(self.step))
+
+    def _rejoin_at_the_end(self) -> bool:
+        """After the loop: if a newer generation that includes this process was published
+        while it waited for its peers' finished marks (a peer died before its mark, so
+        the supervisor is recovering), withdraw the mark and join it -- this process holds
+        the committed state the new members need (a spare, or a rollback), and the job is
+        done only once that generation is. False: nothing newer to join."""
+        assert self._m is not None
+        m = self._m
+        latest = m.latest_gen()
+        if latest <= self.gen:
+            return False
+        plan = m.plan(latest)
+        if self.slot not in plan.members + plan.donors:
+            return False
+        # A mark left standing would make the supervisor take this process's death in
+        # the new generation for a member leaving after the end.
+        m.store.delete_key(P.finished_key(self.slot))
+        log.warning("%s: generation %d was published while finishing: joining it", self.slot,
+                    latest)
+        self._join(latest)
+        return True
 
     # ----------------------------------------------------------------- standalone
     def _standalone(self, total: int) -> Iterator[int]:
@@ -470,10 +501,20 @@ class Job:
             {"step": self.step, "step_seconds": sum(window) / len(window), "t": time.time(),
              "gen": self.gen}))
         if self._regroup_timing is not None:
-            timing = self._regroup_timing | {"first_step": time.time(), "step": self.step,
-                                             "step_seconds": seconds}
-            self._m.mark(P.ready_key(self.gen), json.dumps(timing))
-            self._regroup_timing = None
+            self._mark_ready(self.step, seconds)
+
+    def _mean_step_seconds(self) -> float:
+        window = self._step_times[-20:]
+        return sum(window) / len(window) if window else 0.0
+
+    def _mark_ready(self, step: int, seconds: float) -> None:
+        """Rank 0: this generation has completed its first step (or, joined at the end,
+        has nothing left to step): the recovery that formed it is over."""
+        assert self._m is not None and self._regroup_timing is not None
+        timing = self._regroup_timing | {"first_step": time.time(), "step": step,
+                                         "step_seconds": seconds}
+        self._m.mark(P.ready_key(self.gen), json.dumps(timing))
+        self._regroup_timing = None
 
     def _complete_transfer(self) -> None:
         assert self._transfer is not None

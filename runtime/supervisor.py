@@ -1080,6 +1080,7 @@ class Supervisor:
 
     def _finish(self, step: int) -> JobResult:
         self._handle_ready()
+        self._close_at_the_end(step)
         self.last_step = step
         if self.loans is not None:
             self.loans.close()  # open loans get their outcome before the end
@@ -1095,6 +1096,42 @@ class Supervisor:
         bad = [s for s in self.members if s not in self.gone
                and self.pool.procs[s].returncode not in (0, None)]
         return self._result(0 if not bad else 1)
+
+    def _close_at_the_end(self, step: int) -> None:
+        """Give every failure still without an outcome one, now that the job's last step
+        (``step``) is committed: the job ended with every step, so none was lost.
+
+        Members that find a newer generation while finishing join it (Job.steps), so a
+        recovery published during the last step normally completes and is closed by
+        :meth:`_handle_ready`. What can still be open here is a move published after
+        rank 0's last step began (it is served at a step boundary, and there was none
+        left): the job ended on its old members with every step committed. Such a
+        failure is resolved without a move: ``live_migrated``, 0 lost steps,
+        ``recovery_seconds`` up to the end (documented in docs/runtime.md)."""
+        self._emit_deaths(block=True)
+        if not self.recovery.active:
+            return
+        now = time.time()
+        for inc in self.recovery.incidents:
+            log.warning("failure %s (%s) was still recovering when the job's last step "
+                        "(%d) was committed: closed with 0 steps lost", inc.event_id,
+                        inc.cause, step)
+            self._emit(R.outcome(contract_id=self.cfg.contract_id,
+                                 failure_event_id=inc.event_id,
+                                 outcome=Outcome.LIVE_MIGRATED.value, lost_steps=0,
+                                 recovery_seconds=max(now - inc.detected, 0.0),
+                                 step_seconds=max(self.step_seconds, 1e-6),
+                                 gpus_affected=len(self.members)))
+            self.recoveries.append({
+                "outcome": Outcome.LIVE_MIGRATED.value, "class": inc.failure_class.value,
+                "cause": inc.cause, "lost_steps": 0, "detected": inc.detected,
+                "killed_at": self.killed_at, "first_step": now, "step": step})
+        self.recovery = Recovery()
+        # Members of the unfinished generation (a spare called in) must not be waited for.
+        self.members = [m for m in self.members
+                        if self.store.check([P.finished_key(m)]) or not self._alive(m)]
+        with contextlib.suppress(Exception):
+            self.store.set(P.KEY_SHUTDOWN, "1")
 
     def _result(self, code: int) -> JobResult:
         self._write_status(JobState.FAILED if code else JobState.FINISHED)

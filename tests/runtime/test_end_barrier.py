@@ -79,11 +79,14 @@ def test_no_member_leaves_before_every_member_has_finished(tmp_path: Path) -> No
 
 def test_the_barrier_ends_when_a_peer_dies_before_its_mark(tmp_path: Path) -> None:
     # w1 lingers for ten minutes, and is killed meanwhile; the supervisor (here: the
-    # test) publishes a new generation, and w0 must stop waiting and leave at once.
+    # test) publishes a new generation with a spare in w1's place. w0 must stop waiting
+    # and join it (it holds the committed state the spare needs); the new generation has
+    # no step left, so it is marked ready at once and both leave, w0 marking the end.
     faults = encode_faults([parse_fault("linger:rank=1:step=3:seconds=600")])
     store, procs = _two_members(tmp_path, faults)
+    procs.append(_start(store, tmp_path, "w2", faults, 3))
     try:
-        store.wait([P.finished_key("w0")], timedelta(seconds=120))
+        store.wait([P.finished_key("w0"), P.waiting_key("w2")], timedelta(seconds=120))
         time.sleep(0.5)
         assert procs[0].poll() is None  # waiting for w1's mark
         procs[1].send_signal(signal.SIGKILL)
@@ -91,7 +94,11 @@ def test_the_barrier_ends_when_a_peer_dies_before_its_mark(tmp_path: Path) -> No
         store.set(P.plan_key(1), P.Plan(gen=1, mode=P.PlanMode.LIVE, members=["w0", "w2"]).encode())
         store.set(P.KEY_GEN, "1")
         assert procs[0].wait(timeout=60) == 0
-        assert "leaves without the finished mark of w1" in (tmp_path / "w0.log").read_text()
+        assert procs[2].wait(timeout=60) == 0
+        assert "generation 1 was published while finishing: joining it" in \
+            (tmp_path / "w0.log").read_text()
+        assert json.loads(store.get(P.ready_key(1)))["step"] == 3
+        assert store.get(P.KEY_DONE) == b"3"
     finally:
         _stop(store, procs)
 
