@@ -833,19 +833,30 @@ class Supervisor:
                                                      error=report.error)
         if self.first_fault is not None:
             ff = self.first_fault
-            if time.time() - ff.at >= self.cfg.fault_grace_s and self._alive(ff.slot):
+            quiet = self._blame_quiet_s()
+            if time.time() - ff.at >= quiet and self._alive(ff.slot):
                 self.first_fault = None
                 # No process died. A collective that timed out was maybe waiting for a
                 # peer that is stuck: the reporter keeps beating while it waits for the
                 # next generation, a stuck peer does not. Fence the stuck peers if there
-                # are any, else the reporter (its own collective failed).
-                stuck = [s for s in self._silent_members(self.cfg.fault_grace_s)
-                         if s != ff.slot]
+                # are any, else the reporter (its own collective failed). A peer counts
+                # as stuck only when silent for two steps: a healthy peer busy with its
+                # forward/backward when the reporter's collective raised enters its next
+                # collective within a step and beats there (at the old 0.5 s a busy peer
+                # was fenced as hung each time the same rank raised: never escalated).
+                stuck = [s for s in self._silent_members(quiet) if s != ff.slot]
                 if stuck:
                     self._fence_hung(stuck, f"{ff.slot} reported: {ff.error}")
                     return
+                log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
+                          ff.slot, ff.error, ff.slot)
                 self.fenced[ff.slot] = Fence(cause="collective_error", detail=ff.error)
                 self.pool.kill(ff.slot)
+
+    def _blame_quiet_s(self) -> float:
+        """How long a peer must have been silent to be blamed for a reporter's failed
+        collective: the grace, and at least two steady steps plus a beat interval."""
+        return max(self.cfg.fault_grace_s, 2 * self.step_seconds + P.BEAT_INTERVAL_S)
 
     def hang_deadline(self) -> float:
         """Seconds without a committed step after which the job counts as hung."""
