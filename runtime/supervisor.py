@@ -173,6 +173,9 @@ class LaunchConfig:
 #: node or the whole job going down is seen one process at a time).
 MERGE_WINDOW_S = 1.0
 
+#: How long spare replenishment waits for a recovery in progress (see _replenish).
+REPLENISH_DEFER_S = 2.0
+
 #: ``yoco run``'s exit status when the job finished but records are not all delivered.
 EXIT_UNDELIVERED = 3
 
@@ -263,6 +266,7 @@ class Supervisor:
         self._last_status = 0.0
         self._last_telemetry = 0.0
         self._last_store_poll = 0.0
+        self._published_at = 0.0  # when the latest plan was published
         # Step watchdog: when the committed step last advanced (or a generation became
         # ready); None: not armed (before the first step, during a recovery).
         self._advanced_at: float | None = None
@@ -338,6 +342,13 @@ class Supervisor:
     def _replenish(self) -> None:
         if not self.cfg.replenish_spares:
             return
+        if self.recovery.active and time.time() - self._published_at < REPLENISH_DEFER_S:
+            # A replacement spare builds its model and pre-faults its receive buffers:
+            # hundreds of ms of CPU and memory bandwidth that, started during the
+            # recovery, slowed the state transfer it competes with (two cores). Started
+            # once the new generation has stepped (or after REPLENISH_DEFER_S); a second
+            # death meanwhile still gets a spare at once (_recover forks one).
+            return
         self.spares = [s for s in self.spares if self._alive(s)]
         while len(self.spares) < self.cfg.spares and self.pool.has_room():
             self.spares.append(self._spawn())
@@ -346,6 +357,7 @@ class Supervisor:
         plan.shards = self.cfg.shards
         self.store.set(P.plan_key(plan.gen), plan.encode())
         self.store.set(P.KEY_GEN, str(plan.gen))
+        self._published_at = time.time()
         self.gen = plan.gen
         self.members = list(plan.members)
         self._write_status(JobState.RUNNING)
@@ -500,7 +512,8 @@ class Supervisor:
                 return self._finish(int(self.store.get(P.KEY_DONE)))
             if now - self._last_status > 1.0:
                 self._write_status(JobState.RUNNING)
-            # Also while a recovery is pending: a second death during it needs a spare.
+            # A recovery in progress defers it (see _replenish); a second death during it
+            # gets a spare from _recover.
             self._replenish()
             time.sleep(0.005)
 
