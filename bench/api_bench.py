@@ -306,6 +306,9 @@ def main() -> None:
             # Warm-up at the new instant: every worker computes its figures once.
             run_wrk(base, tokens, mix, [], args.clients, 3)
             tags = fetch_tags(base, tokens[0], mix) if conditional else []
+            # Again: PostgreSQL starts a backend per new pooled connection (the warm-up
+            # filled the pools); processes missing from the list are not counted.
+            procs[:] = server_processes(proc.pid, pg_pid)
             before = cpu_seconds(procs)
             spy = None
             if args.profile_dir is not None:
