@@ -174,6 +174,10 @@ def main() -> None:
     ap.add_argument("--fsdp", action="store_true",
                     help="shard the model with FSDP2 (fully_shard per block and the root) "
                          "over the runtime's shard mesh: HSDP under yoco run --shards S")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True): on CUDA the kernels "
+                         "that use atomics (attention backward) are not bit-reproducible "
+                         "otherwise; set CUBLAS_WORKSPACE_CONFIG=:4096:8 too")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--step-sleep", type=float, default=0.0,
@@ -190,6 +194,8 @@ def main() -> None:
     if args.dim % args.heads:
         ap.error("--dim must be a multiple of --heads")
     torch.set_num_threads(args.threads)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     device = local_device()
 
     tokens, vocab = make_data(args)

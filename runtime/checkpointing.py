@@ -1,6 +1,8 @@
 """Checkpointing, worker side: rank 0 snapshots the state every K committed steps (and
 at step 0, so that a rollback target exists from the start), writes it on a background
-thread, and publishes each durable checkpoint to the supervisor under ``ckpt``.
+thread, and publishes each durable checkpoint to the supervisor under ``ckpt``. With HSDP
+every rank of replica group 0 writes its shard of a DCP checkpoint
+(:mod:`runtime.sharded_checkpoint`); the supervisor finds whole ones in the folder.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from runtime import protocol as P
-from runtime.state import CheckpointWriter, clone_state, read_checkpoint
+from runtime.errors import ConfigError
+from runtime.sharded_checkpoint import sharded_snapshot, write_sharded_checkpoint
+from runtime.state import CheckpointWriter, clone_state, read_checkpoint, write_checkpoint
 
 
 class Checkpointer:
@@ -23,21 +28,48 @@ class Checkpointer:
 
     def __init__(self, *, every: int, directory: Path, store: dist.Store,
                  before_rename: Callable[[int], None] | None = None,
-                 shard: tuple[int, int] | None = None) -> None:
+                 shard: tuple[int, int] | None = None,
+                 model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         self.every = every
         self._store = store
-        # HSDP: shard k of S; the supervisor finds whole checkpoints in the directory
-        # (every shard renamed into place), not through the store.
+        self._directory = directory
+        self._before_rename = before_rename
+        # HSDP: shard k of S (its model and optimizer give the DTensor layout); the
+        # supervisor finds whole checkpoints in the directory, not through the store.
         self._shard = shard
-        self._writer = CheckpointWriter(directory, self._published, before_rename, shard)
+        self._model = model
+        self._optimizer = optimizer
+        if shard is not None and (model is None or optimizer is None):
+            raise ConfigError("a sharded checkpointer needs the model and the optimizer")
+        write = self._write_shard if shard is not None else self._write_whole
+        self._writer = CheckpointWriter(write, self._published)
 
     def due(self, step: int) -> bool:
         """True when committed step ``step`` is to be checkpointed."""
         return step % self.every == 0
 
-    def submit(self, state: dict[str, Any], step: int) -> None:
-        """Snapshot ``state`` now and write it in the background."""
-        self._writer.submit(clone_state(state), step)
+    def submit(self, state: dict[str, Any], step: int, attempt: int = 0) -> None:
+        """Snapshot ``state`` now and write it in the background. ``attempt`` (the
+        generation) tells apart two writes of the same step's shards (after a rollback)."""
+        if self._shard is None:
+            self._writer.submit(clone_state(state), step)
+            return
+        assert self._model is not None and self._optimizer is not None
+        snapshot = sharded_snapshot(state, self._model, self._optimizer, self._shard[0])
+        self._writer.submit((snapshot, attempt), step)
+
+    def _write_whole(self, snapshot: Any, step: int) -> Path:
+        return write_checkpoint(snapshot, self._directory, step,
+                                before_rename=self._before_rename)
+
+    def _write_shard(self, item: tuple[dict[str, Any], int], step: int) -> Path | None:
+        assert self._shard is not None
+        snapshot, attempt = item
+        hook = self._before_rename
+        return write_sharded_checkpoint(
+            snapshot, self._directory, step, attempt=attempt, shard=self._shard[0],
+            shards=self._shard[1], torn=None if hook is None else lambda: hook(step))
 
     def wait(self) -> None:
         """Block until the write in progress (if any) is finished."""

@@ -45,7 +45,7 @@ from runtime.hsdp import (
 from runtime.membership import Membership
 from runtime.proc import set_parent_death_signal
 from runtime.reduction import GradientReducer, stack_sparse, unstack_sparse
-from runtime.state import SHARD_PLACEHOLDER
+from runtime.sharded_checkpoint import read_sharded_checkpoint
 from runtime.transfer import StateTransfer
 
 __all__ = ["Job", "JobConfig", "local_device", "stack_sparse", "unstack_sparse"]
@@ -172,7 +172,7 @@ class Job:
                     before_rename=lambda step: faults.during_checkpoint(step=step,
                                                                         rank=self.rank),
                     shard=(self._elastic.rank(), self.shards) if self._elastic is not None
-                    and self.shards > 1 else None)
+                    and self.shards > 1 else None, model=model, optimizer=optimizer)
         self._was_member = False
         self._move_seen = False
         self._sampler_snapshot: Any = None
@@ -491,7 +491,7 @@ class Job:
         self._step_times.append(seconds)
         # Checkpoint writers: rank 0; with HSDP every rank of replica group 0, its shard.
         if self._ckpt is not None and self.rank < self.shards and self._ckpt.due(self.step):
-            self._ckpt.submit(self.state_dict(), self.step)
+            self._ckpt.submit(self.state_dict(), self.step, attempt=self.gen)
         if self.rank != 0:
             return
         if self._committed is not None:
@@ -571,7 +571,7 @@ class Job:
                     and self.rank < self.shards \
                     and self.step == 0:
                 # So that a rollback target exists from step 0 on.
-                self._ckpt.submit(self.state_dict(), self.step)
+                self._ckpt.submit(self.state_dict(), self.step, attempt=self.gen)
             return
 
     def _subgroups(self, plan: P.Plan) -> tuple[tuple[str, str, int, int], ...]:
@@ -601,10 +601,13 @@ class Job:
         if plan.mode.from_checkpoint:
             assert plan.ckpt is not None
             try:
-                path = plan.ckpt
-                if self._elastic is not None:  # HSDP: this member's shard of it
-                    path = path.replace(SHARD_PLACEHOLDER, str(self._elastic.rank()))
-                self.load_state_dict(Checkpointer.load(path))
+                if self._elastic is not None and self.shards > 1:
+                    # HSDP: this member's shards of the DCP checkpoint
+                    state = read_sharded_checkpoint(Path(plan.ckpt), self.model,
+                                                    self.optimizer)
+                else:
+                    state = Checkpointer.load(plan.ckpt)
+                self.load_state_dict(state)
                 self._transfer.incomplete = False
             except CheckpointError as exc:
                 self._m.collective_failed(P.Phase.ROLLBACK, exc)

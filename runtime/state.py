@@ -139,46 +139,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def shard_checkpoint_name(step: int, shard: int, shards: int) -> str:
-    """File name of shard ``shard`` (of ``shards``) of an HSDP checkpoint of ``step``."""
-    return f"hsdp{shards}-step-{step:09d}-shard-{shard}.pt"
-
-
-#: In a plan's ``ckpt`` path of an HSDP rollback: each member puts its shard index here.
-SHARD_PLACEHOLDER = "{shard}"
-
-
-def latest_sharded_checkpoint(directory: Path, shards: int) -> tuple[int, Path] | None:
-    """Return (step, path template) of the newest HSDP checkpoint of which every one of
-    ``shards`` shard files is complete (each is renamed into place whole), or None. The
-    template holds :data:`SHARD_PLACEHOLDER` where the shard index goes."""
-    if not directory.is_dir():
-        return None
-    have: dict[int, set[int]] = {}
-    for f in directory.glob(f"hsdp{shards}-step-*-shard-*.pt"):
-        parts = f.stem.split("-")
-        have.setdefault(int(parts[2]), set()).add(int(parts[4]))
-    whole = [step for step, got in have.items() if got == set(range(shards))]
-    if not whole:
-        return None
-    step = max(whole)
-    return step, directory / shard_checkpoint_name(step, 0, shards).replace(
-        "shard-0.pt", f"shard-{SHARD_PLACEHOLDER}.pt")
-
-
 def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2,
-                     before_rename: Callable[[int], None] | None = None,
-                     shard: tuple[int, int] | None = None) -> Path:
+                     before_rename: Callable[[int], None] | None = None) -> Path:
     """Atomically write ``state`` as ``step-XXXXXXXXX.pt`` in ``directory`` and fsync it.
 
     The file appears under its final name only when complete (write to a temporary
     name, fsync, rename, fsync the directory), so a reader never sees a torn file.
     Keeps the ``keep`` newest checkpoints. ``before_rename(step)`` runs with the bytes
     written but not yet renamed (fault injection: a death half-way through the write).
-    ``shard=(k, S)``: shard k of an HSDP checkpoint (:func:`shard_checkpoint_name`).
+    (HSDP checkpoints are :mod:`runtime.sharded_checkpoint`'s.)
     """
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:09d}.pt" if shard is None else shard_checkpoint_name(step, *shard)
+    name = f"step-{step:09d}.pt"
     final = directory / name
     tmp = directory / f".{name}.tmp{os.getpid()}"
     try:
@@ -192,8 +164,7 @@ def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2,
         _fsync_dir(directory)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {final}: {exc}") from exc
-    pattern = "step-*.pt" if shard is None else f"hsdp{shard[1]}-step-*-shard-{shard[0]}.pt"
-    for old in sorted(directory.glob(pattern))[:-keep]:
+    for old in sorted(directory.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return final
 
@@ -217,15 +188,16 @@ def read_checkpoint(path: Path) -> Any:
 
 
 class CheckpointWriter:
-    """Writes snapshots on a background thread so that training does not wait for disk."""
+    """Writes snapshots on a background thread so that training does not wait for disk.
 
-    def __init__(self, directory: Path, on_written: Callable[[int, Path], None],
-                 before_rename: Callable[[int], None] | None = None,
-                 shard: tuple[int, int] | None = None) -> None:
-        self.directory = directory
-        self._shard = shard
+    ``write(snapshot, step)`` does the writing and returns the durable checkpoint's path,
+    or None when this writer's part is written but the checkpoint is finished by another
+    (a shard of an HSDP checkpoint); ``on_written(step, path)`` runs after a path."""
+
+    def __init__(self, write: Callable[[Any, int], Path | None],
+                 on_written: Callable[[int, Path], None]) -> None:
+        self._write = write
         self._on_written = on_written
-        self._before_rename = before_rename
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -236,10 +208,9 @@ class CheckpointWriter:
 
         def run() -> None:
             try:
-                path = write_checkpoint(snapshot, self.directory, step,
-                                        before_rename=self._before_rename,
-                                        shard=self._shard)
-                self._on_written(step, path)
+                path = self._write(snapshot, step)
+                if path is not None:
+                    self._on_written(step, path)
             except BaseException as exc:  # reported by wait(); a failed write is no crash
                 self.error = exc
 

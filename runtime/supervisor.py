@@ -47,8 +47,9 @@ from runtime.recovery import (
     Recovery,
     ReportedFault,
 )
+from runtime.sharded_checkpoint import discard_partial_checkpoints, latest_sharded_checkpoint
 from runtime.sink import JsonlFileSink, RecordSink, SinkSpec
-from runtime.state import latest_checkpoint, latest_sharded_checkpoint
+from runtime.state import latest_checkpoint
 from runtime.telemetry import (
     CommandSignalSource,
     FileSignalSource,
@@ -437,8 +438,14 @@ class Supervisor:
         it): record the loss with the true lost steps (the last committed step, from
         RUN_DIR/committed, minus the checkpoint's step; all of them without a checkpoint)
         and the time since progress stopped, and close every failure it left open."""
+        if self.cfg.shards > 1:
+            # The dead supervisor's writers are gone: their unfinished sharded
+            # checkpoints can only be in the way (a rewrite of the same step and
+            # generation would reuse the temporary folder).
+            for tmp in discard_partial_checkpoints(self.ckpt_dir):
+                log.warning("removed the unfinished checkpoint %s", tmp)
         ck = latest_checkpoint(self.ckpt_dir) if self.cfg.shards == 1 else \
-            latest_sharded_checkpoint(self.ckpt_dir, self.cfg.shards)
+            latest_sharded_checkpoint(self.ckpt_dir)
         ck_step = ck[0] if ck is not None else 0
         # The last committed step: rank 0's note (after a rollback it is below steps that
         # older records carry); without it, the highest step a record or checkpoint shows.
@@ -749,8 +756,8 @@ class Supervisor:
     def _recover_sharded(self, rec: Recovery, dead: list[str], holders: list[str]) -> None:
         """HSDP: live migration when every lost shard is still held in another replica
         group -- each dead member is replaced by a spare built for its shard (forked at
-        once if none is ready) that receives the shard from a holder; otherwise fail
-        (sharded checkpoints for a rollback are not built yet)."""
+        once if none is ready) that receives the shard from a holder; otherwise roll
+        everyone back to the newest whole sharded (DCP) checkpoint, or fail without one."""
         lost = sorted({self.shard_of[d] for d in dead})
         held = {self.shard_of[h] for h in holders}
         gone = [s for s in lost if s not in held]
@@ -797,8 +804,8 @@ class Supervisor:
         self._publish(plan)
 
     def _latest_ckpt(self) -> tuple[int, Path] | None:
-        if self.cfg.shards > 1:  # every shard renamed into place; the path is a template
-            return latest_sharded_checkpoint(self.ckpt_dir, self.cfg.shards) \
+        if self.cfg.shards > 1:  # a DCP folder renamed into place once every shard is in
+            return latest_sharded_checkpoint(self.ckpt_dir) \
                 if self.cfg.checkpoint_every else None
         if self.store.check([P.KEY_CKPT]):
             info = json.loads(self.store.get(P.KEY_CKPT))

@@ -1,8 +1,11 @@
 """HSDP under the runtime (issue 14): the GPT example sharded with FSDP2 (``fully_shard``)
 inside replica groups of two, two replica groups (2 x 2) plus a spare, real processes on
 gloo/CPU, real SIGKILLs. A lost rank's shard is rebuilt from the rank holding the same
-shard in the other replica group; every rank's final shards (parameters and AdamW state)
-are compared with ``torch.equal`` against a failure-free run of the same layout."""
+shard in the other replica group, a lost replica group from the other one, a shard lost
+in both groups from the sharded (``torch.distributed.checkpoint``) checkpoint; every
+rank's final shards (parameters and AdamW state) are compared with ``torch.equal``
+against a failure-free run of the same layout, and the checkpoint itself, loaded
+unsharded, against the gathered shards."""
 
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ from typing import Any
 import pytest
 import torch
 
+from runtime.errors import CheckpointError
 from runtime.faults import parse_fault
+from runtime.sharded_checkpoint import latest_sharded_checkpoint, read_sharded_checkpoint
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
-from tests.runtime.test_llm_loop import GPT, TINY
+from tests.runtime.test_llm_loop import GPT, TINY, _one_outcome_each
 from tests.runtime.test_migration import ROOT, _failures
 
 pytestmark = pytest.mark.slow
@@ -64,8 +69,10 @@ def _assert_every_shard_identical(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # With sharded checkpoints every 3 steps (they change nothing in the training), so
+    # that the last one can be checked against the final shards.
     tmp = tmp_path_factory.mktemp("hsdp-ref")
-    result, recs, out = _run(tmp, "ref", faults=[], spares=0)
+    result, recs, out = _run(tmp, "ref", faults=[], spares=0, ckpt=3)
     assert result.exit_code == 0, result
     assert "failure" not in [r["kind"] for r in recs]
     # Ranks holding the same shard in the two replica groups agree; the shards differ.
@@ -88,18 +95,110 @@ def test_fsdp_example_runs_alone(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def _tiny_gpt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The test's GPT and AdamW in this process, unsharded (as the example builds them)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gpt_train  # type: ignore[import-not-found]
+
+    ap = gpt_train.argparse.ArgumentParser()
+    gpt_train.add_model_args(ap)
+    args, _ = ap.parse_known_args(list(TINY))
+    _, vocab = gpt_train.make_data(args)
+    model = gpt_train.build_model(args, vocab)
+    return model, gpt_train.make_optimizer(model, args)
+
+
+def _gathered(out: Path, shards: int) -> dict[str, Any]:
+    """Replica group 0's final state with every shard gathered (FSDP2 shards dim 0)."""
+    parts = [torch.load(_rank_file(out, k)) for k in range(shards)]
+    full_model = {k: torch.cat([p["model"][k] for p in parts]) for k in parts[0]["model"]}
+    full_opt = {i: {n: torch.cat([p["optimizer"]["state"][i][n] for p in parts])
+                    if v.dim() else v for n, v in e.items()}
+                for i, e in parts[0]["optimizer"]["state"].items()}
+    return {"model": full_model, "optimizer": full_opt, "step": parts[0]["step"]}
+
+
+def test_the_sharded_checkpoint_is_dcp_and_loads_unsharded_as_the_gathered_shards(
+        reference: Path) -> None:
+    # The last checkpoint of the failure-free run (step 12, written by the two ranks of
+    # replica group 0 apart, merged into one DCP checkpoint) read into one unsharded
+    # process (DCP reshards): every tensor equals the final shards gathered.
+    ckpts = reference.parent / "runs" / "ref" / "checkpoints"
+    found = latest_sharded_checkpoint(ckpts)
+    assert found is not None and found[0] == STEPS, found
+    model, opt = _tiny_gpt()
+    state = read_sharded_checkpoint(found[1], model, opt)
+    want = _gathered(reference, SHARDS)
+    assert state["step"] == want["step"] == STEPS
+    assert state["model"].keys() == want["model"].keys()
+    for k, v in want["model"].items():
+        assert torch.equal(state["model"][k], v), k
+    assert state["optimizer"]["state"].keys() == want["optimizer"].keys()
+    for i, entry in want["optimizer"].items():
+        assert list(state["optimizer"]["state"][i]) == list(entry)  # same order
+        for n, v in entry.items():
+            assert torch.equal(state["optimizer"]["state"][i][n], v), (i, n)
+    assert state["sampler"]["position"] > 0 and state["scheduler"]["last_epoch"] == STEPS
+    # The older whole checkpoint is kept too, nothing else (no temporary folder left).
+    assert sorted(p.name for p in ckpts.iterdir()) == ["dcp-step-000000009",
+                                                       "dcp-step-000000012"]
+
+
 @pytest.mark.parametrize("fault", ["kill:rank=1:step=5:phase=backward",
-                                   "kill:rank=2:step=4:phase=reduce"])
+                                   "kill:rank=2:step=4:phase=reduce",
+                                   "kill:rank=1:step=5:phase=optimizer"])
 def test_one_lost_rank_is_rebuilt_from_its_shard_twin(reference: Path, tmp_path: Path,
                                                       fault: str) -> None:
-    # Killed inside FSDP2's collectives (backward, forward) or the runtime's cross-group
-    # reduction: its replica-group peer keeps its shard and its process.
+    # Killed inside FSDP2's collectives (backward, forward), the runtime's cross-group
+    # reduction, or right after its own optimizer step (the update applied, the step not
+    # yet counted): its replica-group peer keeps its shard and its process.
     result, recs, out = _run(tmp_path, "one", faults=[fault], spares=1)
     assert result.exit_code == 0, result
     assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
+    _one_outcome_each(recs)
     fail = next(r for r in recs if r["kind"] == "failure")
     assert fail["detail"].count("exit") == 1, fail  # only the killed rank died
     _assert_every_shard_identical(reference, out)
+
+
+def test_a_whole_replica_group_lost_is_rebuilt_from_the_other(reference: Path,
+                                                              tmp_path: Path) -> None:
+    # Both ranks of replica group 0 (rank 0 among them) die in the same step: replica
+    # group 1 holds both shards; two spares built for them (one ready, one forked from
+    # the zygote) take group 0's places. One incident naming both, live, nothing lost.
+    result, recs, out = _run(tmp_path, "group", spares=1,
+                             faults=["kill:rank=0:step=5:phase=forward",
+                                     "kill:rank=1:step=5:phase=forward"])
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
+    _one_outcome_each(recs)
+    [fail] = [r for r in recs if r["kind"] == "failure"]
+    assert "w0 exit -9" in fail["detail"] and "w1 exit -9" in fail["detail"], fail
+    _assert_every_shard_identical(reference, out)
+
+
+def test_a_kill_while_writing_a_sharded_checkpoint_leaves_none_that_loads(
+        reference: Path, tmp_path: Path) -> None:
+    # Rank 1 (shard 1 of replica group 0, a checkpoint writer) is SIGKILLed half-way
+    # through its part of the checkpoint of step 9: data written, its metadata not. Its
+    # twin in replica group 1 holds the shard: live. The torn folder never becomes a
+    # checkpoint: the whole ones are 6 and 12, and the torn one does not load.
+    result, recs, out = _run(tmp_path, "torn", spares=1, ckpt=3,
+                             faults=["kill:rank=1:step=9:phase=checkpoint"])
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
+    _one_outcome_each(recs)
+    _assert_every_shard_identical(reference, out)
+    ckpts = tmp_path / "runs" / "torn" / "checkpoints"
+    assert latest_sharded_checkpoint(ckpts)[0] == STEPS  # type: ignore[index]
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert [n for n in names if not n.startswith(".")] == ["dcp-step-000000006",
+                                                           "dcp-step-000000012"], names
+    [torn] = [p for p in ckpts.iterdir() if p.name.startswith(".dcp-step-000000009.")]
+    assert (torn / "__1_0.distcp").exists() and not (torn / "__1.metadata").exists()
+    assert not (torn / ".metadata").exists()
+    with pytest.raises(CheckpointError, match="no readable global metadata"):
+        read_sharded_checkpoint(torn, *_tiny_gpt())
 
 
 def test_one_rank_in_each_replica_group_at_once_is_live(reference: Path,
@@ -119,8 +218,9 @@ def test_one_rank_in_each_replica_group_at_once_is_live(reference: Path,
 def test_a_shard_lost_in_every_replica_group_rolls_back_to_the_sharded_checkpoint(
         reference: Path, tmp_path: Path) -> None:
     # Both holders of shard 1 die at once: no replica holds it. Every rank of replica
-    # group 0 writes its shard of a checkpoint every 3 steps; everyone reloads the newest
-    # checkpoint of which every shard is complete (step 6), and the steps since are lost.
+    # group 0 writes its shard of a DCP checkpoint every 3 steps; everyone (survivors and
+    # the spares that replace the dead) reloads its shards of the newest whole one (step
+    # 6), and the steps since are lost.
     result, recs, out = _run(tmp_path, "lost", spares=1, ckpt=3,
                              faults=["kill:rank=1:step=8:phase=forward",
                                      "kill:rank=3:step=8:phase=forward"])
@@ -129,9 +229,10 @@ def test_a_shard_lost_in_every_replica_group_rolls_back_to_the_sharded_checkpoin
     assert "w1 exit -9" in fail["detail"] and "w3 exit -9" in fail["detail"], fail
     assert fail["step"] == 8, fail
     assert _failures(recs) == [("unplanned", "process_killed", "rolled_back", 8 - 6)]
-    # Each shard's writer kept its own newest files (both shards, the rerun's too).
-    ckpts = sorted(p.name for p in (tmp_path / "runs" / "lost" / "checkpoints").glob("hsdp*"))
-    assert ckpts == [f"hsdp2-step-{s:09d}-shard-{k}.pt" for s in (9, 12) for k in (0, 1)]
+    _one_outcome_each(recs)
+    # The reruns' checkpoints, whole DCP folders; nothing temporary left.
+    ckpts = sorted(p.name for p in (tmp_path / "runs" / "lost" / "checkpoints").iterdir())
+    assert ckpts == ["dcp-step-000000009", "dcp-step-000000012"], ckpts
     _assert_every_shard_identical(reference, out)
 
 

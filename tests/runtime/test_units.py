@@ -266,22 +266,3 @@ def test_job_config_refuses_bad_values_naming_the_field(kwargs: dict[str, object
 
     with pytest.raises(ConfigError, match=message):
         JobConfig(**kwargs)  # type: ignore[arg-type]
-
-
-def test_a_sharded_checkpoint_counts_only_when_every_shard_is_in_place(tmp_path: Path) -> None:
-    from runtime.state import SHARD_PLACEHOLDER, latest_sharded_checkpoint, write_checkpoint
-
-    assert latest_sharded_checkpoint(tmp_path / "none", 2) is None
-    for step in (3, 6):
-        write_checkpoint({"step": step, "k": 0}, tmp_path, step, shard=(0, 2))
-    write_checkpoint({"step": 3, "k": 1}, tmp_path, 3, shard=(1, 2))
-    # Shard 1 of step 6 is missing (its writer died): step 3 is the newest whole one.
-    step, template = latest_sharded_checkpoint(tmp_path, 2)  # type: ignore[misc]
-    assert step == 3 and SHARD_PLACEHOLDER in str(template)
-    assert torch.load(str(template).replace(SHARD_PLACEHOLDER, "1"))["k"] == 1
-    (tmp_path / ".hsdp2-step-000000006-shard-1.pt.tmp99").write_bytes(b"torn")
-    assert latest_sharded_checkpoint(tmp_path, 2)[0] == 3  # type: ignore[index]
-    write_checkpoint({"step": 6, "k": 1}, tmp_path, 6, shard=(1, 2))
-    assert latest_sharded_checkpoint(tmp_path, 2)[0] == 6  # type: ignore[index]
-    assert latest_sharded_checkpoint(tmp_path, 4) is None  # another layout's files
-    assert not list(tmp_path.glob("step-*.pt"))  # never taken for a DDP checkpoint
