@@ -32,7 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.runtime_ddp_worker import flat_grads  # noqa: E402
 from examples.mlp_train import add_model_args, build_model, make_data, make_optimizer  # noqa: E402
 from runtime.data import ShardedSampler  # noqa: E402
-from runtime.state import CheckpointWriter, clone_state, latest_checkpoint, read_checkpoint  # noqa: E402
+from runtime.state import (  # noqa: E402
+    CheckpointWriter,
+    clone_state,
+    latest_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 
 def main() -> None:
@@ -70,7 +76,8 @@ def main() -> None:
     else:
         for p in model.parameters():
             dist.broadcast(p.data, 0)
-    writer = CheckpointWriter(ckdir, lambda s, p: None) if a.rank == 0 else None
+    writer = CheckpointWriter(lambda snap, s: write_checkpoint(snap, ckdir, s),
+                              lambda s, p: None) if a.rank == 0 else None
 
     def checkpoint() -> None:
         assert writer is not None
