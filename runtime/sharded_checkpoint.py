@@ -250,7 +250,9 @@ def _finalize(tmp: Path, directory: Path, step: int, shards: int, keep: int) -> 
             os.rename(final, old)
         os.rename(tmp, final)
         _fsync_dir(directory)
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:  # unreadable shard metadata, a failed write or rename
         raise CheckpointError(f"cannot finalize checkpoint {tmp}: {exc}") from exc
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
