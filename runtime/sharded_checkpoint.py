@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     Metadata,
@@ -217,7 +218,7 @@ def write_sharded_checkpoint(snapshot: dict[str, Any], directory: Path, step: in
             dcp.save(snapshot, storage_writer=_ShardWriter(tmp, shard, torn),
                      no_dist=True, use_collectives=False)
         _fsync_dir(tmp)
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise CheckpointError(f"cannot write shard {shard} of checkpoint {tmp}: {exc}") \
             from exc
     if len(list(tmp.glob(f"__*{_METADATA}"))) < shards:
@@ -359,7 +360,7 @@ def read_sharded_checkpoint(path: Path, model: torch.nn.Module,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.load(target, storage_reader=reader, no_dist=True)
-    except Exception as exc:  # DCP raises many kinds on a damaged folder
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise CheckpointError(f"cannot load checkpoint {path}: {type(exc).__name__}: "
                               f"{exc}") from exc
     meta = _decode(target[META])
