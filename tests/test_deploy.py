@@ -120,3 +120,12 @@ def test_the_slurm_script_starts_one_agent_per_node_with_its_identity(tmp_path: 
     proc = subprocess.run(["bash", str(script), "train.py"], env=bad, capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "3 nodes allocated" in proc.stderr, shlex.join(argv)
+
+
+def test_the_gpu_check_command_is_ready() -> None:
+    """The GPU checks stay one command (scripts/gpu-check runs the `gpu` tests, which ordinary
+    runs deselect: tests/conftest.py)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    assert script.is_file() and os.access(script, os.X_OK)
+    text = script.read_text()
+    assert "-m gpu" in text and "YOCO_GPU_CHECK=1" in text
