@@ -8,7 +8,6 @@ gradient all-reduce, bf16 autocast on the device, deterministic kernels)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
