@@ -23,6 +23,17 @@ _HAVE_PROC = os.path.isdir("/proc/self")
 Process = subprocess.Popen[bytes] | ForkedProcess
 
 
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first), or None
+    when the process is gone. The name is cut at the last ``)`` since it may hold spaces."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw[raw.rindex(b")") + 2:].split()
+
 def process_exiting(pid: int) -> bool:
     """True once the kernel has started to tear process ``pid`` down.
 
@@ -34,12 +45,9 @@ def process_exiting(pid: int) -> bool:
     """
     if not _HAVE_PROC:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return True  # already reaped
-    fields = raw[raw.rindex(b")") + 2:].split()
     return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
 
 
@@ -69,12 +77,8 @@ def process_stopped(pid: int) -> bool:
     """
     if not _HAVE_PROC:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return False
-    return raw[raw.rindex(b")") + 2:][:1] in (b"T", b"t")
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in (b"T", b"t")
 
 
 class WorkerPool:
