@@ -67,7 +67,9 @@ class JournalEntry(Base):
 
     __tablename__ = "journal_entries"
 
-    log_id: Mapped[str] = mapped_column(Text, ForeignKey("ledger_logs.log_id"), primary_key=True)
+    # Names a ``ledger_logs`` row: checked once per INSERT statement by a trigger, not by
+    # a row-by-row foreign key (migration 0019).
+    log_id: Mapped[str] = mapped_column(Text, primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
     kind: Mapped[str] = mapped_column(Text, nullable=False)
@@ -95,7 +97,8 @@ class MerkleNode(Base):
 
     __tablename__ = "merkle_nodes"
 
-    log_id: Mapped[str] = mapped_column(Text, ForeignKey("ledger_logs.log_id"), primary_key=True)
+    # Names a ``ledger_logs`` row, checked per statement as for the journal (0019).
+    log_id: Mapped[str] = mapped_column(Text, primary_key=True)
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     idx: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     hash: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
