@@ -3,13 +3,16 @@
 
 argv: SLOT RANK STORE_PORT GUARD(1|0). Rank 1 posts a receive that rank 0 never sends,
 waits on it through Membership.wait until the test publishes a new generation (so the
-helper thread stays blocked), then exits; at the start of its exit rank 0 leaves too,
-closing its sockets while rank 1's interpreter is finalizing (made slow on purpose).
+helper thread stays blocked), then exits. Rank 0 leaves when the ``exiting`` mark is set,
+closing its sockets. Without the guard rank 1 sets that mark from inside its interpreter's
+finalization (a ``__del__`` run when module globals are cleared, after the atexit hooks),
+so the peer's sockets close while it finalizes -- whatever the machine's load, never
+earlier, when the helper thread could still take the GIL and end cleanly. With the guard
+rank 1 leaves from its atexit hook and never finalizes; the test sets the mark then.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import time
@@ -24,10 +27,16 @@ from runtime.membership import Membership
 
 
 class _SlowTeardown:
-    """Keeps the interpreter's finalization going for a while (it runs this __del__)."""
+    """Run by the interpreter's finalization: lets rank 0 go, then keeps the finalization
+    going (at most 60 s) while rank 0's sockets close. Without the guard the process dies
+    of SIGABRT inside this sleep."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store  # held here: module globals are already cleared when this runs
 
     def __del__(self) -> None:
-        time.sleep(3.0)
+        self.store.set("exiting", "1")  # type: ignore[attr-defined]
+        time.sleep(60.0)
 
 
 def main() -> None:
@@ -50,8 +59,7 @@ def main() -> None:
         m.wait(work, phase=P.Phase.SYNC)
     except GenerationChanged:
         print("abandoned", flush=True)
-    globals()["_slow"] = _SlowTeardown()
-    atexit.register(lambda: m.mark("exiting", "1"))  # runs first (atexit is LIFO)
+    globals()["_slow"] = _SlowTeardown(m.store)
 
 
 if __name__ == "__main__":
