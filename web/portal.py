@@ -26,7 +26,8 @@ from fastapi.templating import Jinja2Templates
 from web import filters
 from web.accounts import Principal
 from web.cursors import CursorCodec
-from web.db import PortalDb, app_engine, portal_engine, probe_engine
+from web.db import PortalDb, app_engine, portal_engine, probe_connection, probe_engine
+from web.fastlane import AsyncProbe, ReplayCache
 from web.pagecache import PageCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
@@ -164,6 +165,10 @@ class Portal:
         #: Bearer tokens seen live lately, by SHA-256 (reads only: ingest always asks the
         #: database, so a revoked token stops posting at once; reading within the TTL).
         self.tokens = SessionCache(settings.session_cache_seconds)
+        #: Complete API answers their handlers declared replayable (``web.fastlane``).
+        self.replays = ReplayCache(settings.replay_cache_bytes)
+        #: The visibility probe in the event loop, for the fast lane.
+        self.probes = AsyncProbe(self._probe_connection, settings.probe_connections)
         self._lock = threading.Lock()
         self._clock = clock
 
@@ -224,6 +229,16 @@ class Portal:
                 # PostgreSQL's 100 connections are shared by every worker).
                 probe_engine(url, pool_size=min(4, self.settings.pool_size), max_overflow=0),
             )
+
+    async def _probe_connection(self) -> object:
+        from starlette.concurrency import run_in_threadpool
+
+        # The engines (and the embedded server) may start on first use: not in the loop.
+        db: PortalDb | None = self.__dict__.get("db")
+        if db is None:
+            db = await run_in_threadpool(lambda: self.db)
+        assert db.probe_engine is not None
+        return await probe_connection(db.probe_engine)
 
     @cached_property
     def templates(self) -> Jinja2Templates:
