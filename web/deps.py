@@ -61,13 +61,37 @@ def known_principal(
     ``Authorization`` header is judged by it alone."""
     if authorization is not None:
         value = _bearer(authorization)
-        hit = portal.tokens.get(_token_key(value)) if value else None
-        return UNKNOWN if hit is None else hit
+        if not value:
+            return UNKNOWN
+        key = _token_key(value)
+        hit = portal.tokens.entry(key)
+        if hit is None:
+            return UNKNOWN
+        if portal.tokens.aging(hit[0]):  # checked again before it runs out
+            portal.recheck(portal.tokens, key, hit[0], lambda: _lookup_token(portal, value))
+        return hit[1]
     token = portal.signer.session_token(session_cookie, portal.settings.session_hours * 3600)
     if not token:
         return None
-    found = portal.sessions.get(token)
-    return UNKNOWN if found is None else found
+    seen = portal.sessions.entry(token)
+    if seen is None:
+        return UNKNOWN
+    if portal.sessions.aging(seen[0]):
+        portal.recheck(portal.sessions, token, seen[0], lambda: _lookup_session(portal, token))
+    return seen[1]
+
+
+def _lookup_token(portal: Portal, value: str) -> Principal | None:
+    """The principal of a live bearer token, asked of the database."""
+    with portal.db.write() as s:
+        return token_principal(s, value)
+
+
+def _lookup_session(portal: Portal, token: str) -> Principal | None:
+    """The principal of a live session token, asked of the database."""
+    with portal.db.write() as s:
+        user = session_user(s, token)
+        return None if user is None else principal_of_user(user, binding=token)
 
 
 def _known_caller(request: Request, portal: Portal) -> Principal | object | None:
@@ -106,8 +130,7 @@ def caller(request: Request, portal: Portal) -> Principal | None:
     if header is not None:
         value = _bearer(header)
         if value:
-            with portal.db.write() as s:
-                found = token_principal(s, value)
+            found = _lookup_token(portal, value)
             if found is not None:
                 # Only the async readers (caller_async) look here; writers always ask.
                 portal.tokens.put(_token_key(value), found)
@@ -118,10 +141,7 @@ def caller(request: Request, portal: Portal) -> Principal | None:
         if token:
             found = portal.sessions.get(token)
             if found is None:
-                with portal.db.write() as s:
-                    user = session_user(s, token)
-                    if user is not None:
-                        found = principal_of_user(user, binding=token)
+                found = _lookup_session(portal, token)
                 if found is not None:
                     portal.sessions.put(token, found)
     request.state.principal = found

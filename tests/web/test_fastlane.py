@@ -339,3 +339,63 @@ def test_the_replay_cache_is_bounded_by_bytes() -> None:
     assert len(cache) == 3 and cache.get(("k", 9)) is not None and cache.get(("k", 0)) is None
     cache.put(("big",), Kept(None, None, 200, [], b"z" * 20_000))  # larger than it all
     assert cache.get(("big",)) is None and len(cache) == 3
+
+
+def _wait_until(cond: Any) -> None:
+    for _ in range(600):
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("never happened")
+
+
+def test_an_aging_token_is_rechecked_in_the_background(api, lane_app, seeded) -> None:
+    """Past half its TTL a remembered token is asked about again while it keeps
+    working: a live one is renewed (no request waits for it), a revoked one ends before
+    the TTL would have ended it."""
+    from web.accounts import revoke_token, token_prefix
+    from web.deps import _token_key
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    portal = lane_app.state.portal
+    url = "/api/v1/contracts/C-A/sla"
+    token = _read_token(seeded, "Acme AI")
+    key = _token_key(token)
+    assert api.get(url, headers=_bearer(token)).status_code == 200
+
+    def age() -> float:
+        hit = portal.tokens.entry(key)
+        assert hit is not None
+        aged = hit[0] - portal.tokens.ttl * 0.75  # as if checked 7.5 s ago
+        portal.tokens._entries[key] = (aged, hit[1])
+        return aged
+
+    aged = age()
+    assert api.get(url, headers=_bearer(token)).status_code == 200
+    _wait_until(lambda: (portal.tokens.entry(key) or (aged,))[0] > aged)  # renewed
+    aged = age()
+    with unit_of_work(ctx.engine) as s:
+        assert revoke_token(s, token_prefix(token) or "")
+    assert api.get(url, headers=_bearer(token)).status_code == 200  # within the TTL...
+    _wait_until(lambda: portal.tokens.entry(key) is None)  # ...ended by the recheck
+    assert api.get(url, headers=_bearer(token)).status_code == 401
+
+
+def test_a_recheck_never_brings_back_a_session_logged_out_meanwhile() -> None:
+    from web.accounts import Principal
+    from web.portal import SessionCache
+
+    cache = SessionCache(10)
+    who = Principal(kind="user", id=1, name="A", role="customer", customer="Acme AI")
+    cache.put("t", who)
+    hit = cache.entry("t")
+    assert hit is not None
+    cache.drop("t")  # logout while the database was being asked
+    cache.renew("t", hit[0], who)
+    assert cache.get("t") is None
+    cache.put("t", who)
+    hit = cache.entry("t")
+    assert hit is not None
+    cache.renew("t", hit[0], None)  # the database says: no longer live
+    assert cache.get("t") is None
