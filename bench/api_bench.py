@@ -209,11 +209,17 @@ def run_wrk(base: str, tokens: list[str], paths: list[str], tags: list[str], cli
         f.write(script)
     cmd = ["wrk", "-t1", f"-c{clients}", f"-d{int(seconds)}s", "--timeout", "10s",
            "-s", f.name, base]
+    import resource
+
+    was = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
     os.unlink(f.name)
     line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
     res = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
     res["rps"] = res["requests"] / res["seconds"]
+    # wrk's own CPU: on 2 cores the load generator competes with the server.
+    res["wrk_cpu"] = (now.ru_utime - was.ru_utime) + (now.ru_stime - was.ru_stime)
     status = [x for x in done.stdout.splitlines() if x.startswith("STATUS ")]
     if status:
         for kv in status[-1].split()[1:]:
@@ -234,6 +240,7 @@ def report(title: str, r: dict[str, float], split: dict[str, float]) -> None:
           f"p99.9 {r['p999']:6.1f}  max {r['max']:7.1f} ms  errors {int(r['errors'])}  "
           f"server CPU {cpu:.1f} s (python {split['python']:.1f}, PostgreSQL "
           f"{split['postgres']:.1f}) = {per_core:.0f} req per CPU-second  "
+          f"wrk CPU {r.get('wrk_cpu', float('nan')):.1f} s  "
           f"({verdict} p99 < 100 ms){statuses}  [{pb._load()}]", flush=True)
 
 

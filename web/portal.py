@@ -28,8 +28,8 @@ from web import filters
 from web.accounts import Principal
 from web.cursors import CursorCodec
 from web.db import PortalDb, app_engine, portal_engine, probe_connection, probe_engine
-from web.fastlane import AsyncProbe, ReplayCache
 from web.pagecache import PageCache
+from web.replay import AsyncProbe, ReplayCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
 from web.views import ViewCache

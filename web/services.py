@@ -213,12 +213,9 @@ def year_view_for(
         if size is None:
             raise NotFound()
     cache: ViewCache = portal.views
-    base = cache.peek_memo(("in_force", contract_id, size))
-    if base is not None:
-        k = pick_year(base.contract, base.term_years, year, now)
-        view = cache.peek((contract_id, k), size, not_before)
-        if view is not None:
-            return view
+    view = cached_year_view(cache, contract_id, year, now, size, not_before)
+    if view is not None:
+        return view
     with portal.db.read(principal, snapshot=True) as session:
         return year_view(
             session, principal, cache, contract_id, year, now,
@@ -226,6 +223,44 @@ def year_view_for(
             clock=clock or portal.now,
             not_before=not_before,
         )
+
+
+def cached_year_view(
+    cache: ViewCache,
+    contract_id: str,
+    year: int | None,
+    now: datetime,
+    size: int,
+    not_before: datetime | None = None,
+) -> YearView | None:
+    """The view :func:`year_view_for` answers for a visible contract whose log has
+    ``size`` entries when it is cached and fresh (nothing is read), else None."""
+    base = cache.peek_memo(("in_force", contract_id, size))
+    if base is None:
+        return None
+    k = pick_year(base.contract, base.term_years, year, now)
+    return cache.peek((contract_id, k), size, not_before)
+
+
+async def year_view_in_loop(
+    portal: Any, principal: Principal, contract_id: str, year: int | None, now: datetime
+) -> YearView | None:
+    """:func:`year_view_for`'s view when it needs no thread: the visibility probe run
+    in the event loop (:class:`web.fastlane.AsyncProbe`, the same query) and the view
+    cached for the size it saw.  None when the usual path must answer: the contract is
+    not visible (it raises :class:`NotFound` there), no view is cached, or this loop
+    has no probe connections."""
+    if not portal.probes.serving():
+        return None
+    from web.db import scope_settings
+
+    try:
+        state = await portal.probes.state(scope_settings(principal), contract_id)
+    except Exception:  # the probe's connection broke: the usual path says what happened
+        return None
+    if state is None:
+        return None
+    return cached_year_view(portal.views, contract_id, year, now, state.size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,7 +331,7 @@ def test_the_probe_connection_is_the_portal_role_and_refuses_a_superuser(
 
 
 def test_the_replay_cache_is_bounded_by_bytes() -> None:
-    from web.fastlane import Kept, ReplayCache
+    from web.replay import Kept, ReplayCache
 
     cache = ReplayCache(max_bytes=10_000)
     for i in range(10):
@@ -399,3 +399,25 @@ def test_a_recheck_never_brings_back_a_session_logged_out_meanwhile() -> None:
     assert hit is not None
     cache.renew("t", hit[0], None)  # the database says: no longer live
     assert cache.get("t") is None
+
+
+def test_cached_pages_are_answered_in_the_event_loop_as_in_a_thread(
+    lane_app, seed
+) -> None:
+    """The dashboard and the failures list, once their view and body are cached, are
+    answered in the event loop (its probe there): the same page, the caller's header."""
+    portal = lane_app.state.portal
+    with TestClient(lane_app) as alice, TestClient(lane_app) as bob:
+        assert login(alice, seed.users["a"]).status_code == 303
+        assert login(bob, seed.users["b"]).status_code == 303
+        for url in ("/contracts/C-A", "/contracts/C-A/failures?status=resolved&page=1",
+                    "/contracts/C-A/failures?year=1"):
+            first = alice.get(url)  # computed in a thread
+            assert first.status_code == 200 and "Alice" in first.text, url
+            trips = portal.probes.round_trips
+            again = alice.get(url)
+            assert portal.probes.round_trips == trips + 1, url  # probed in the loop
+            assert again.text == first.text and again.headers == first.headers, url
+            other = bob.get(url)  # B's probe sees nothing: the usual 404
+            assert other.status_code == 404 and "Acme" not in other.text, url
+        assert bob.get("/contracts/C-A?year=9").status_code == 404  # outside the term

@@ -22,10 +22,10 @@ from web.conditional import (
 from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.fastlane import declare
 from web.pagecache import scope_key
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
+from web.replay import declare
 from web.schemas import CONDITIONAL, CheckpointOut, ErrorBody
 
 router = APIRouter(prefix="/api/v1", tags=["proofs"], responses=CONDITIONAL)

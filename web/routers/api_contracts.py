@@ -18,10 +18,10 @@ from web.conditional import client_has, json_answer, normalised_query, not_modif
 from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.fastlane import declare
 from web.pagecache import scope_key, view_stamp
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
+from web.replay import declare
 from web.schemas import (
     CONDITIONAL,
     ERRORS,

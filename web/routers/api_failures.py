@@ -15,10 +15,10 @@ from web.conditional import client_has, json_answer, normalised_query, not_modif
 from web.cursors import BadCursor
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.fastlane import declare
 from web.pagecache import scope_key, view_stamp
 from web.paging import PAGED_HEADERS, CursorQ, link_headers, next_url
 from web.portal import Portal
+from web.replay import declare
 from web.routers.api_contracts import MONTH_PATTERN
 from web.schemas import (
     CONDITIONAL,

@@ -61,7 +61,13 @@ async def dashboard(
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Response:
     """A contract year at a glance: rate against threshold, counts, goodput, credit, chart."""
-    # One hop to the thread pool for the whole request (database, cache, rendering).
+    # When the view and the body are cached for the log's size, in the event loop...
+    view = await services.year_view_in_loop(portal, user, contract_id, year, portal.now())
+    if view is not None:
+        body = portal.pages.peek(("dashboard", scope_key(user), *view_stamp(view)))
+        if body is not None:
+            return _dashboard_page(request, view, body)
+    # ...else one hop to the thread pool for the whole request (database, rendering).
     return await run_in_threadpool(_dashboard, request, contract_id, user, portal, year)
 
 
@@ -99,8 +105,13 @@ def _dashboard(
         )
 
     body = portal.pages.get_or_make(("dashboard", scope_key(user), *view_stamp(view)), render)
+    return _dashboard_page(request, view, body)
+
+
+def _dashboard_page(request: Request, view: Any, body: Any) -> Response:
+    """The dashboard: the caller's header around the cached ``body`` of ``view``."""
     return page(
         request,
         "dashboard.html",
-        {"body": body, "view": view, "contract": contract, "section": "dashboard"},
+        {"body": body, "view": view, "contract": view.contract, "section": "dashboard"},
     )
