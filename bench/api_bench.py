@@ -3,7 +3,7 @@
 Usage::
 
     python bench/api_bench.py [--records 200000] [--clients 50] [--seconds 20]
-        [--workers 2] [--keep DIR] [--per-route]
+        [--workers 2] [--keep DIR] [--per-route] [--warmup 3]
 
 The data is the portal benchmark's (``bench/portal_bench.py``: one contract ``BIG-1``
 whose current contract year holds a full year of SIMULATED records, ~200,000 of them;
@@ -18,7 +18,7 @@ list, a contract, ``/sla`` for the current year, year 1 and two months, the year
 figures, the failures list at several pages and filters, five failures, two inclusion
 proofs, the checkpoints, the credits, the public key).
 
-Runs, each after a warm-up:
+Runs, each after a warm-up (``--warmup``, 3 s) at the new figures instant:
 
 1. **plain**: every request a full answer (200), caches warm;
 2. **conditional**: every request carries the ``If-None-Match`` of the answer it would
@@ -256,6 +256,11 @@ def main() -> None:
                         help="folder for the database; reused by later runs (built once)")
     parser.add_argument("--ttl", type=float, default=60,
                         help="YOCO_WEB_FIGURES_TTL_SECONDS of the server (default 60)")
+    parser.add_argument("--warmup", type=float, default=3,
+                        help="seconds of load at the new figures instant before each run "
+                        "(default 3). The first requests of an instant wait for its "
+                        "time-dependent figures (computed in the background, once per "
+                        "worker); a longer warm-up measures the steady state after them")
     parser.add_argument("--no-align", action="store_true",
                         help="do not start runs just after a figures-TTL boundary")
     parser.add_argument("--per-route", action="store_true",
@@ -265,9 +270,9 @@ def main() -> None:
                         "stacks, one file per run)")
     parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     args = parser.parse_args()
-    if args.seconds + 5 >= args.ttl and not args.no_align:
-        parser.error("--seconds must be under the TTL minus 5 s (conditional tags change "
-                     "with the figures instant)")
+    if args.seconds + args.warmup + 2 >= args.ttl and not args.no_align:
+        parser.error("--seconds plus --warmup must be under the TTL minus 2 s (conditional "
+                     "tags change with the figures instant)")
 
     if args.keep is not None:
         args.keep = args.keep.resolve()
@@ -311,7 +316,7 @@ def main() -> None:
             if not args.no_align:
                 align(args.ttl)
             # Warm-up at the new instant: every worker computes its figures once.
-            run_wrk(base, tokens, mix, [], args.clients, 3)
+            run_wrk(base, tokens, mix, [], args.clients, args.warmup)
             tags = fetch_tags(base, tokens[0], mix) if conditional else []
             # Again: PostgreSQL starts a backend per new pooled connection (the warm-up
             # filled the pools); processes missing from the list are not counted.
