@@ -242,27 +242,6 @@ def cached_year_view(
     return cache.peek((contract_id, k), size, not_before)
 
 
-async def year_view_in_loop(
-    portal: Any, principal: Principal, contract_id: str, year: int | None, now: datetime
-) -> YearView | None:
-    """:func:`year_view_for`'s view when it needs no thread: the visibility probe run
-    in the event loop (:class:`web.fastlane.AsyncProbe`, the same query) and the view
-    cached for the size it saw.  None when the usual path must answer: the contract is
-    not visible (it raises :class:`NotFound` there), no view is cached, or this loop
-    has no probe connections."""
-    if not portal.probes.serving():
-        return None
-    from web.db import scope_settings
-
-    try:
-        state = await portal.probes.state(scope_settings(principal), contract_id)
-    except Exception:  # the probe's connection broke: the usual path says what happened
-        return None
-    if state is None:
-        return None
-    return cached_year_view(portal.views, contract_id, year, now, state.size)
-
-
 @dataclass(frozen=True, slots=True)
 class FailureFilter:
     """Filters of the failures list; None (or empty) means any."""

@@ -399,38 +399,3 @@ def test_a_recheck_never_brings_back_a_session_logged_out_meanwhile() -> None:
     assert hit is not None
     cache.renew("t", hit[0], None)  # the database says: no longer live
     assert cache.get("t") is None
-
-
-def test_cached_pages_are_answered_in_the_event_loop_as_in_a_thread(
-    lane_app, seed, monkeypatch
-) -> None:
-    """The dashboard and the failures list, once their view and body are cached, are
-    answered in the event loop (its probe there): the same page, the caller's header."""
-    import web.routers.contracts
-    import web.routers.failures
-
-    hops: list[str] = []
-    for module in (web.routers.contracts, web.routers.failures):
-        real = module.run_in_threadpool
-
-        async def counted(fn: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
-            hops.append(fn.__name__)
-            return await _real(fn, *args, **kw)
-
-        monkeypatch.setattr(module, "run_in_threadpool", counted)
-    portal = lane_app.state.portal
-    with TestClient(lane_app) as alice, TestClient(lane_app) as bob:
-        assert login(alice, seed.users["a"]).status_code == 303
-        assert login(bob, seed.users["b"]).status_code == 303
-        for url in ("/contracts/C-A", "/contracts/C-A/failures?status=resolved&page=1",
-                    "/contracts/C-A/failures?year=1"):
-            first = alice.get(url)  # computed in a thread
-            assert first.status_code == 200 and "Alice" in first.text, url
-            trips, threads = portal.probes.round_trips, len(hops)
-            again = alice.get(url)
-            assert portal.probes.round_trips == trips + 1, url  # probed in the loop
-            assert len(hops) == threads, (url, hops)  # and nothing in a thread
-            assert again.text == first.text and again.headers == first.headers, url
-            other = bob.get(url)  # B's probe sees nothing: the usual 404
-            assert other.status_code == 404 and "Acme" not in other.text, url
-        assert bob.get("/contracts/C-A?year=9").status_code == 404  # outside the term

@@ -36,14 +36,7 @@ async def failure_list(
 ) -> Response:
     """Failures of a contract year, newest first, filtered by month, class, cause, status."""
     filters = (month, failure_class, cause, status)
-    # When the view and the body are cached for the log's size, in the event loop...
-    view = await services.year_view_in_loop(portal, user, contract_id, year, portal.now())
-    if view is not None:
-        key = ("failures", scope_key(user), *view_stamp(view), filters, page_no, per_page)
-        body = portal.pages.peek(key)
-        if body is not None:
-            return _failures_page(request, view, body)
-    # ...else one hop to the thread pool for the whole request (database, rendering).
+    # One hop to the thread pool for the whole request (database, cache, rendering).
     return await run_in_threadpool(
         _failure_list, request, contract_id, user, portal, year, filters, page_no, per_page,
     )
