@@ -3,7 +3,7 @@
 Usage::
 
     python bench/api_bench.py [--records 200000] [--clients 50] [--seconds 20]
-        [--workers 2] [--keep DIR] [--per-route]
+        [--workers 2] [--keep DIR] [--per-route] [--warmup 3]
 
 The data is the portal benchmark's (``bench/portal_bench.py``: one contract ``BIG-1``
 whose current contract year holds a full year of SIMULATED records, ~200,000 of them;
@@ -18,7 +18,7 @@ list, a contract, ``/sla`` for the current year, year 1 and two months, the year
 figures, the failures list at several pages and filters, five failures, two inclusion
 proofs, the checkpoints, the credits, the public key).
 
-Runs, each after a warm-up:
+Runs, each after a warm-up (``--warmup``, 3 s) at the new figures instant:
 
 1. **plain**: every request a full answer (200), caches warm;
 2. **conditional**: every request carries the ``If-None-Match`` of the answer it would
@@ -209,11 +209,17 @@ def run_wrk(base: str, tokens: list[str], paths: list[str], tags: list[str], cli
         f.write(script)
     cmd = ["wrk", "-t1", f"-c{clients}", f"-d{int(seconds)}s", "--timeout", "10s",
            "-s", f.name, base]
+    import resource
+
+    was = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
     os.unlink(f.name)
     line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
     res = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
     res["rps"] = res["requests"] / res["seconds"]
+    # wrk's own CPU: on 2 cores the load generator competes with the server.
+    res["wrk_cpu"] = (now.ru_utime - was.ru_utime) + (now.ru_stime - was.ru_stime)
     status = [x for x in done.stdout.splitlines() if x.startswith("STATUS ")]
     if status:
         for kv in status[-1].split()[1:]:
@@ -234,6 +240,7 @@ def report(title: str, r: dict[str, float], split: dict[str, float]) -> None:
           f"p99.9 {r['p999']:6.1f}  max {r['max']:7.1f} ms  errors {int(r['errors'])}  "
           f"server CPU {cpu:.1f} s (python {split['python']:.1f}, PostgreSQL "
           f"{split['postgres']:.1f}) = {per_core:.0f} req per CPU-second  "
+          f"wrk CPU {r.get('wrk_cpu', float('nan')):.1f} s  "
           f"({verdict} p99 < 100 ms){statuses}  [{pb._load()}]", flush=True)
 
 
@@ -249,6 +256,11 @@ def main() -> None:
                         help="folder for the database; reused by later runs (built once)")
     parser.add_argument("--ttl", type=float, default=60,
                         help="YOCO_WEB_FIGURES_TTL_SECONDS of the server (default 60)")
+    parser.add_argument("--warmup", type=float, default=3,
+                        help="seconds of load at the new figures instant before each run "
+                        "(default 3). The first requests of an instant wait for its "
+                        "time-dependent figures (computed in the background, once per "
+                        "worker); a longer warm-up measures the steady state after them")
     parser.add_argument("--no-align", action="store_true",
                         help="do not start runs just after a figures-TTL boundary")
     parser.add_argument("--per-route", action="store_true",
@@ -258,9 +270,9 @@ def main() -> None:
                         "stacks, one file per run)")
     parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     args = parser.parse_args()
-    if args.seconds + 5 >= args.ttl and not args.no_align:
-        parser.error("--seconds must be under the TTL minus 5 s (conditional tags change "
-                     "with the figures instant)")
+    if args.seconds + args.warmup + 2 >= args.ttl and not args.no_align:
+        parser.error("--seconds plus --warmup must be under the TTL minus 2 s (conditional "
+                     "tags change with the figures instant)")
 
     if args.keep is not None:
         args.keep = args.keep.resolve()
@@ -304,7 +316,7 @@ def main() -> None:
             if not args.no_align:
                 align(args.ttl)
             # Warm-up at the new instant: every worker computes its figures once.
-            run_wrk(base, tokens, mix, [], args.clients, 3)
+            run_wrk(base, tokens, mix, [], args.clients, args.warmup)
             tags = fetch_tags(base, tokens[0], mix) if conditional else []
             # Again: PostgreSQL starts a backend per new pooled connection (the warm-up
             # filled the pools); processes missing from the list are not counted.

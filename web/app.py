@@ -184,6 +184,17 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     )
 
 
+class _PortalApp(FastAPI):
+    """FastAPI with the fast lane (:class:`web.fastlane.FastLane`) outside its whole
+    middleware stack: a replayed answer costs none of FastAPI's per-request layers, and
+    what it keeps has passed through all of them (the security headers included)."""
+
+    def build_middleware_stack(self) -> Any:
+        from web.fastlane import FastLane
+
+        return FastLane(super().build_middleware_stack(), self.state.portal)
+
+
 def create_app(
     host: Host,
     settings: WebSettings | None = None,
@@ -208,10 +219,15 @@ def create_app(
         anyio.to_thread.current_default_thread_limiter().total_tokens = (
             portal.settings.threads
         )
-        yield
-        portal.close()
+        if portal.settings.replay_cache_bytes > 0:
+            portal.probes.start()  # the fast lane serves this event loop
+        try:
+            yield
+        finally:
+            await portal.probes.stop()
+            portal.close()
 
-    app = FastAPI(
+    app = _PortalApp(
         title="yoco portal API",
         version="1",
         description=API_DESCRIPTION,

@@ -50,6 +50,39 @@ def probe_engine(url: str, **kwargs: Any) -> Engine:
                         isolation_level="AUTOCOMMIT", **kwargs)
 
 
+async def probe_connection(engine: Engine) -> Any:
+    """A new ``asyncio`` connection like the probe engine's (:func:`probe_engine`): the
+    same login, switched to the ``yoco_portal`` role, in autocommit mode, for the probe
+    run in the event loop (:class:`web.fastlane.AsyncProbe`).
+
+    Logging in as a superuser is refused as every engine of the portal refuses it
+    (:class:`ledger.errors.SuperuserLogin`, the check of
+    :func:`ledger.sessions.login_engine`, which has no asyncio form).
+    """
+    import psycopg
+
+    from ledger.errors import SuperuserLogin
+
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    cparams.pop("context", None)  # the sync dialect's adapters: not needed for the probe
+    conn = await psycopg.AsyncConnection.connect(*cargs, **cparams, autocommit=True)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(f"SET ROLE {PORTAL_ROLE}")
+            await cur.execute(
+                "SELECT session_user, rolsuper FROM pg_roles WHERE rolname = session_user"
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        user, superuser = row
+        if superuser:
+            raise SuperuserLogin(_refusal(user))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
 def app_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose every connection has switched to the ``yoco_app`` role (writes).
 
@@ -66,8 +99,10 @@ def scope_settings(principal: Principal) -> tuple[str, str]:
     return principal.customer or "", ""
 
 
-_PROBE = (
+_SETTINGS = (
     "SELECT set_config('yoco.customer', %(c)s, true), set_config('yoco.scope', %(s)s, true); "
+)
+_PROBE = _SETTINGS + (
     "SELECT c.contract_id, l.size, "
     "(SELECT max(k.tree_size) FROM checkpoints AS k WHERE k.log_id = c.contract_id) "
     "FROM contracts AS c "
@@ -76,6 +111,32 @@ _PROBE = (
 )
 _PROBE_STAFF = _PROBE
 _PROBE_CUSTOMER = _PROBE + " AND c.customer = %(c)s AND %(c)s <> ''"
+# What the contract list shows, in one row: how many contracts the caller sees and a
+# digest of each one's id and log size (ids length-prefixed: no two lists digest alike).
+_LIST = _SETTINGS + (
+    "SELECT count(*), md5(coalesce(string_agg("
+    "length(c.contract_id) || ':' || c.contract_id || '=' || coalesce(l.size, 0), ',' "
+    "ORDER BY c.contract_id), '')) "
+    "FROM contracts AS c "
+    "LEFT OUTER JOIN ledger_logs AS l ON l.log_id = c.contract_id"
+)
+_LIST_STAFF = _LIST
+_LIST_CUSTOMER = _LIST + " WHERE c.customer = %(c)s AND %(c)s <> ''"
+
+
+def probe_statement(
+    scope: tuple[str, str], contract_id: str | None
+) -> tuple[str, dict[str, str]]:
+    """The visibility probe of ``contract_id`` (None: of the list of contracts) for a
+    caller of tenant ``scope`` (:func:`scope_settings`): two statements for ONE simple
+    query on an autocommit connection (bound client-side), and its parameters.  Its last
+    row is read by :func:`probe_state`."""
+    customer, setting = scope
+    staff = setting == "all"
+    if contract_id is None:
+        return (_LIST_STAFF if staff else _LIST_CUSTOMER), {"c": customer, "s": setting}
+    sql = _PROBE_STAFF if staff else _PROBE_CUSTOMER
+    return sql, {"c": customer, "s": setting, "id": contract_id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +146,26 @@ class LogState:
 
     size: int
     signed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListState:
+    """What the caller's list of contracts shows, as far as an answer about it can
+    change: how many there are and a digest of their ids and log sizes."""
+
+    count: int
+    digest: str
+
+
+def probe_state(row: Any, contract_id: str | None) -> LogState | ListState | None:
+    """The state in the last row of :func:`probe_statement`'s probe (None: no row, the
+    contract is not visible)."""
+    if contract_id is None:
+        assert row is not None  # an aggregate: always one row
+        return ListState(count=int(row[0]), digest=str(row[1]))
+    if row is None:
+        return None
+    return LogState(size=int(row[1] or 0), signed=int(row[2] or 0))
 
 
 class PortalDb:
@@ -147,11 +228,23 @@ class PortalDb:
         apply to the second statement and are gone when it ends.  Parameters are bound
         client-side by psycopg's ``ClientCursor`` (quoted as literals).
         """
+        state = self._probe(principal, contract_id)
+        assert not isinstance(state, ListState)
+        return state
+
+    def visible_list_state(self, principal: Principal) -> ListState:
+        """What ``principal``'s list of contracts shows (:class:`ListState`), in one
+        round trip as :meth:`visible_state`."""
+        state = self._probe(principal, None)
+        assert isinstance(state, ListState)
+        return state
+
+    def _probe(
+        self, principal: Principal, contract_id: str | None
+    ) -> LogState | ListState | None:
         import psycopg
 
-        customer, scope = scope_settings(principal)
-        sql = _PROBE_STAFF if principal.is_staff else _PROBE_CUSTOMER
-        params = {"c": customer, "s": scope, "id": contract_id}
+        sql, params = probe_statement(scope_settings(principal), contract_id)
         own = self.probe_engine is not None
         fairy = (self.probe_engine or self.read_engine).raw_connection()
         try:
@@ -174,9 +267,7 @@ class PortalDb:
             raise
         finally:
             fairy.close()
-        if row is None:
-            return None
-        return LogState(size=int(row[1] or 0), signed=int(row[2] or 0))
+        return probe_state(row, contract_id)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

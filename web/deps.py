@@ -35,7 +35,8 @@ async def _portal(request: Request) -> Portal:
 
 
 PortalDep = Annotated[Portal, Depends(_portal)]
-_UNKNOWN = object()
+#: "Not known without asking the database" (:func:`known_principal`).
+UNKNOWN = object()
 
 
 def _token_key(value: str) -> str:
@@ -51,37 +52,66 @@ def _bearer(header: str) -> str | None:
     return None
 
 
+def known_principal(
+    portal: Portal, authorization: str | None, session_cookie: str | None
+) -> Principal | object | None:
+    """The caller of a request with these ``Authorization`` and session-cookie values
+    when that needs no database query (a session or, for reads, a bearer token seen live
+    lately), else :data:`UNKNOWN`.  The rule of :func:`caller`: a request with an
+    ``Authorization`` header is judged by it alone."""
+    if authorization is not None:
+        value = _bearer(authorization)
+        if not value:
+            return UNKNOWN
+        key = _token_key(value)
+        hit = portal.tokens.entry(key)
+        if hit is None:
+            return UNKNOWN
+        if portal.tokens.aging(hit[0]):  # checked again before it runs out
+            portal.recheck(portal.tokens, key, hit[0], lambda: _lookup_token(portal, value))
+        return hit[1]
+    token = portal.signer.session_token(session_cookie, portal.settings.session_hours * 3600)
+    if not token:
+        return None
+    seen = portal.sessions.entry(token)
+    if seen is None:
+        return UNKNOWN
+    if portal.sessions.aging(seen[0]):
+        portal.recheck(portal.sessions, token, seen[0], lambda: _lookup_session(portal, token))
+    return seen[1]
+
+
+def _lookup_token(portal: Portal, value: str) -> Principal | None:
+    """The principal of a live bearer token, asked of the database."""
+    with portal.db.write() as s:
+        return token_principal(s, value)
+
+
+def _lookup_session(portal: Portal, token: str) -> Principal | None:
+    """The principal of a live session token, asked of the database."""
+    with portal.db.write() as s:
+        user = session_user(s, token)
+        return None if user is None else principal_of_user(user, binding=token)
+
+
 def _known_caller(request: Request, portal: Portal) -> Principal | object | None:
-    """The caller when that needs no database query (a session or, for reads, a bearer
-    token seen live lately), else _UNKNOWN."""
+    """The caller when that needs no database query, else UNKNOWN (remembered on the
+    request once known)."""
     if hasattr(request.state, "principal"):
         cached: Principal | None = request.state.principal
         return cached
-    header = request.headers.get("authorization")
-    if header is not None:
-        value = _bearer(header)
-        hit = portal.tokens.get(_token_key(value)) if value else None
-        if hit is None:
-            return _UNKNOWN
-        request.state.principal = hit
-        return hit
-    token = portal.signer.session_token(
-        request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
+    found = known_principal(
+        portal, request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE)
     )
-    if not token:
-        request.state.principal = None
-        return None
-    found = portal.sessions.get(token)
-    if found is None:
-        return _UNKNOWN
-    request.state.principal = found
+    if found is not UNKNOWN:
+        request.state.principal = found
     return found
 
 
 async def caller_async(request: Request, portal: Portal) -> Principal | None:
     """:func:`caller` without leaving the event loop when no database query is needed."""
     known = _known_caller(request, portal)
-    if known is _UNKNOWN:
+    if known is UNKNOWN:
         return await run_in_threadpool(caller, request, portal)
     return known  # type: ignore[return-value]
 
@@ -100,8 +130,7 @@ def caller(request: Request, portal: Portal) -> Principal | None:
     if header is not None:
         value = _bearer(header)
         if value:
-            with portal.db.write() as s:
-                found = token_principal(s, value)
+            found = _lookup_token(portal, value)
             if found is not None:
                 # Only the async readers (caller_async) look here; writers always ask.
                 portal.tokens.put(_token_key(value), found)
@@ -112,10 +141,7 @@ def caller(request: Request, portal: Portal) -> Principal | None:
         if token:
             found = portal.sessions.get(token)
             if found is None:
-                with portal.db.write() as s:
-                    user = session_user(s, token)
-                    if user is not None:
-                        found = principal_of_user(user, binding=token)
+                found = _lookup_session(portal, token)
                 if found is not None:
                     portal.sessions.put(token, found)
     request.state.principal = found

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -26,8 +27,9 @@ from fastapi.templating import Jinja2Templates
 from web import filters
 from web.accounts import Principal
 from web.cursors import CursorCodec
-from web.db import PortalDb, app_engine, portal_engine, probe_engine
+from web.db import PortalDb, app_engine, portal_engine, probe_connection, probe_engine
 from web.pagecache import PageCache
+from web.replay import AsyncProbe, ReplayCache
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
 from web.views import ViewCache
@@ -98,7 +100,9 @@ class SessionCache:
     """Live sessions seen in the last few seconds (saves a query per request).
 
     Logging out removes the entry at once in this process; a session ended elsewhere
-    (another process, a disabled user) stops working within ``ttl`` seconds.
+    (another process, a disabled user) stops working within ``ttl`` seconds.  An entry's
+    time is when the database last said the session (or token) was live: a recheck in
+    the background (:meth:`Portal.recheck`) renews it, and ends it when it is not.
     """
 
     def __init__(self, ttl: float) -> None:
@@ -107,10 +111,32 @@ class SessionCache:
 
     def get(self, token: str) -> Principal | None:
         """The cached principal of a session token, if seen less than ``ttl`` ago."""
+        hit = self.entry(token)
+        return None if hit is None else hit[1]
+
+    def entry(self, token: str) -> tuple[float, Principal] | None:
+        """(when it was last checked, principal) of a live entry, else None."""
         hit = self._entries.get(token)
         if hit is None or time.monotonic() - hit[0] > self.ttl:
             return None
-        return hit[1]
+        return hit
+
+    def aging(self, checked: float) -> bool:
+        """Whether an entry checked at ``checked`` is past half its ``ttl`` (time to
+        check it again, before requests would have to wait for it)."""
+        return time.monotonic() - checked > self.ttl / 2
+
+    def renew(self, token: str, checked: float, who: Principal | None) -> None:
+        """Replace the entry checked at ``checked`` by the result of a new check
+        (``who``; None: no longer live, forget it) — unless it changed meanwhile (a
+        logout dropped it), when nothing is put back."""
+        hit = self._entries.get(token)
+        if hit is None or hit[0] != checked:
+            return
+        if who is None:
+            self._entries.pop(token, None)
+        else:
+            self.put(token, who)
 
     def put(self, token: str, who: Principal) -> None:
         """Remember a live session."""
@@ -164,8 +190,45 @@ class Portal:
         #: Bearer tokens seen live lately, by SHA-256 (reads only: ingest always asks the
         #: database, so a revoked token stops posting at once; reading within the TTL).
         self.tokens = SessionCache(settings.session_cache_seconds)
+        self._rechecking: set[str] = set()
+        self._recheck_lock = threading.Lock()
+        #: Complete API answers their handlers declared replayable (``web.fastlane``).
+        self.replays = ReplayCache(settings.replay_cache_bytes)
+        #: The visibility probe in the event loop, for the fast lane.
+        self.probes = AsyncProbe(self._probe_connection, settings.probe_connections)
         self._lock = threading.Lock()
         self._clock = clock
+
+    def recheck(
+        self, cache: SessionCache, key: str, checked: float,
+        lookup: Callable[[], Principal | None],
+    ) -> None:
+        """Ask the database again, in the background, whether the entry ``key`` of
+        ``cache`` (checked at ``checked``) is live (``lookup``), and renew or end it
+        (:meth:`SessionCache.renew`).  Once per key at a time; a failed check leaves the
+        entry to expire at its TTL."""
+        with self._recheck_lock:
+            if key in self._rechecking:
+                return
+            self._rechecking.add(key)
+
+        def run() -> None:
+            try:
+                cache.renew(key, checked, lookup())
+            except Exception:
+                import logging
+
+                logging.getLogger("yoco.web").warning("rechecking a session failed",
+                                                      exc_info=True)
+            finally:
+                with self._recheck_lock:
+                    self._rechecking.discard(key)
+
+        self._checker.submit(run)
+
+    @cached_property
+    def _checker(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="yoco-recheck")
 
     def now(self) -> datetime:
         """The current time (a fixed clock in tests)."""
@@ -225,6 +288,16 @@ class Portal:
                 probe_engine(url, pool_size=min(4, self.settings.pool_size), max_overflow=0),
             )
 
+    async def _probe_connection(self) -> object:
+        from starlette.concurrency import run_in_threadpool
+
+        # The engines (and the embedded server) may start on first use: not in the loop.
+        db: PortalDb | None = self.__dict__.get("db")
+        if db is None:
+            db = await run_in_threadpool(lambda: self.db)
+        assert db.probe_engine is not None
+        return await probe_connection(db.probe_engine)
+
     @cached_property
     def templates(self) -> Jinja2Templates:
         """The page templates (``web/templates``)."""
@@ -252,6 +325,9 @@ class Portal:
 
     def close(self) -> None:
         """Release connections."""
+        if "_checker" in self.__dict__:
+            self._checker.shutdown(wait=True)
+            del self.__dict__["_checker"]
         if "db" in self.__dict__:
             self.db.dispose()
         self.host.close()

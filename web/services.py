@@ -157,11 +157,13 @@ def year_view(
     now: datetime,
     reader: Callable[[], AbstractContextManager[Session]] | None = None,
     clock: Callable[[], datetime] | None = None,
+    not_before: datetime | None = None,
 ) -> YearView:
     """The (cached) view of a contract year the caller may see.
 
     ``reader`` opens a new session scoped to the caller: given, a view that only aged
     past the TTL is refreshed in the background through it (see :class:`ViewCache`).
+    ``not_before``: a view computed at an earlier time counts as aged.
     """
     size = visible_size(session, principal, contract_id)
     base: InForce = cache.memo(
@@ -181,7 +183,7 @@ def year_view(
             with open_session() as s:
                 return refresh_year_view(s, old, time_now())
 
-    return cache.get((contract_id, k), size, compute, refresh)
+    return cache.get((contract_id, k), size, compute, refresh, not_before)
 
 
 def year_view_for(
@@ -193,6 +195,7 @@ def year_view_for(
     *,
     size: int | None = None,
     clock: Callable[[], datetime] | None = None,
+    not_before: datetime | None = None,
 ) -> YearView:
     """:func:`year_view` with one database round trip when the cached view is fresh.
 
@@ -202,24 +205,41 @@ def year_view_for(
     usual scoped session does it all (and recomputes the view).  ``size``: the caller
     made that check already and got this size.  ``clock``: the time a view that aged
     is refreshed at (default ``portal.now``; the API's rounded instant).
+    ``not_before``: a view computed at an earlier time has aged (the API passes its
+    figures instant: its answers then move on with the instant, as their tags do).
     """
     if size is None:
         size = portal.db.visible_size(principal, contract_id)
         if size is None:
             raise NotFound()
     cache: ViewCache = portal.views
-    base = cache.peek_memo(("in_force", contract_id, size))
-    if base is not None:
-        k = pick_year(base.contract, base.term_years, year, now)
-        view = cache.peek((contract_id, k), size)
-        if view is not None:
-            return view
+    view = cached_year_view(cache, contract_id, year, now, size, not_before)
+    if view is not None:
+        return view
     with portal.db.read(principal, snapshot=True) as session:
         return year_view(
             session, principal, cache, contract_id, year, now,
             reader=lambda: portal.db.read(principal, snapshot=True),
             clock=clock or portal.now,
+            not_before=not_before,
         )
+
+
+def cached_year_view(
+    cache: ViewCache,
+    contract_id: str,
+    year: int | None,
+    now: datetime,
+    size: int,
+    not_before: datetime | None = None,
+) -> YearView | None:
+    """The view :func:`year_view_for` answers for a visible contract whose log has
+    ``size`` entries when it is cached and fresh (nothing is read), else None."""
+    base = cache.peek_memo(("in_force", contract_id, size))
+    if base is None:
+        return None
+    k = pick_year(base.contract, base.term_years, year, now)
+    return cache.peek((contract_id, k), size, not_before)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,12 @@ class WebSettings(BaseSettings):
     #: ``/api/v1/contracts/{id}/sla`` answers kept per process (keyed by contract,
     #: period, log size and the figures instant; each computed once; 0 disables).
     figures_cache_entries: int = Field(default=512, ge=0)
+    #: Bytes of complete API answers kept per process for the fast lane
+    #: (``web.fastlane``: replayed while the caller's scope, the log state and the
+    #: figures instant are unchanged; 0 disables it).
+    replay_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: Connections per process of the fast lane's visibility probe (in the event loop).
+    probe_connections: int = Field(default=2, ge=1)
     #: Seconds a live session is trusted without asking the database again (logging out
     #: in this process ends it at once; 0 asks every time).
     session_cache_seconds: float = 10.0

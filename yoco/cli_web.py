@@ -134,7 +134,9 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
         from web.settings import WebSettings, resolve_secret
 
         resolve_secret(WebSettings(), ctx.settings.data_dir)  # created once, here
-    uvicorn.run("yoco.webapp:app_from_environment", factory=True, workers=workers, **options)
+    from yoco.webapp import serve_workers
+
+    serve_workers(workers, options)  # each worker with its own socket: balanced
 
 
 def _password(from_stdin: bool) -> str:

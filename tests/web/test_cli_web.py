@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tests import factories as fx
@@ -65,3 +66,77 @@ def test_serve_help() -> None:
     r = _yoco(["serve", "--help"])
     assert r.exit_code == 0 and "--port" in r.output and "127.0.0.1" in r.output
     assert "--workers" in r.output
+
+
+@pytest.mark.slow
+def test_serve_workers_each_accept_their_share_and_stop_on_sigterm(yoco_env) -> None:
+    """``yoco serve --workers 2``: each worker listens on its own SO_REUSEPORT socket, so
+    keep-alive connections opened together are spread over both (uvicorn's one shared
+    socket let the first worker take most of them), and SIGTERM stops them all."""
+    import http.client
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yoco.cli", "serve", "--port", str(port), "--workers", "2",
+         "--close-due-every", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    def listening() -> int:
+        n = 0
+        for child in psutil.Process(proc.pid).children():
+            try:
+                n += any(k.status == psutil.CONN_LISTEN and k.laddr.port == port
+                         for k in child.net_connections("tcp"))
+            except psutil.Error:
+                continue
+        return n
+
+    conns: list[http.client.HTTPConnection] = []
+    try:
+        for _ in range(1200):  # until both workers listen (each on its own socket)
+            if listening() == 2:
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        assert listening() == 2
+        for _ in range(24):  # opened together, kept alive, one request each
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.connect()
+            conns.append(c)
+        for c in conns:
+            c.request("GET", "/login")
+        for c in conns:
+            r = c.getresponse()
+            assert r.status == 200
+            r.read()
+        ours = {c.sock.getsockname() for c in conns}
+        per_worker = {}
+        for child in psutil.Process(proc.pid).children():
+            try:
+                peers = {k.raddr for k in child.net_connections("tcp")
+                         if k.status == psutil.CONN_ESTABLISHED and k.laddr.port == port}
+            except psutil.Error:
+                continue
+            if peers & ours:
+                per_worker[child.pid] = len(peers & ours)
+        # Both workers hold some (all 24 on one: a chance of 2 in 2^24 with the kernel's hash).
+        assert len(per_worker) == 2 and sum(per_worker.values()) == 24, per_worker
+    finally:
+        for c in conns:
+            c.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0

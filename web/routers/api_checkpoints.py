@@ -19,17 +19,19 @@ from web.conditional import (
     normalised_query,
     not_modified,
 )
+from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.pagecache import scope_key
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
+from web.replay import declare
 from web.schemas import CONDITIONAL, CheckpointOut, ErrorBody
 
 router = APIRouter(prefix="/api/v1", tags=["proofs"], responses=CONDITIONAL)
 
 
-def _state(portal: Portal, reader: Principal, contract_id: str) -> Any:
+def _state(portal: Portal, reader: Principal, contract_id: str) -> LogState:
     state = portal.db.visible_state(reader, contract_id)
     if state is None:
         raise NotFound()
@@ -73,6 +75,7 @@ def _list_checkpoints(
     # Checkpoints only ever add larger tree sizes: the largest names the whole list.
     etag = portal.etag("api-checkpoints", scope_key(reader), contract_id,
                        normalised_query(request), state.signed)
+    declare(request, reader, state, None)  # the latest signed head names the list
     if client_has(request, etag):
         return not_modified(etag)
 
@@ -126,9 +129,10 @@ def _get_consistency(
     request: Request, contract_id: str, reader: Principal, portal: Portal, size1: int,
     size2: int,
 ) -> Response:
-    _state(portal, reader, contract_id)
+    state = _state(portal, reader, contract_id)
     # Two signed heads never change: the proof between them neither.
     etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2)
+    declare(request, reader, state, None)
     if client_has(request, etag):
         return not_modified(etag)
 
@@ -149,6 +153,7 @@ def get_public_key(request: Request, portal: PortalDep) -> Response:
     """The checkpoint signer's verifier key (C2SP note verifier key); public."""
     key = portal.verifier_key
     etag = portal.etag("public-key", key)
+    declare(request, None, None, None)  # the same for everyone, always
     if client_has(request, etag):
         return not_modified(etag)
     return Response(key + "\n", media_type="text/plain; charset=utf-8",

@@ -21,6 +21,7 @@ from web.errors import NotFound
 from web.pagecache import scope_key, view_stamp
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
+from web.replay import declare
 from web.schemas import (
     CONDITIONAL,
     ERRORS,
@@ -92,6 +93,8 @@ def _list_contracts(
     after = None
     if cursor is not None:
         after = str(portal.cursors.decode(cursor, "contracts", scope)[0])
+    # What the whole list shows, read first: rows read after it are never older.
+    shown = portal.db.visible_list_state(reader)
     with portal.db.read(reader, snapshot=True) as db:
         rows = services.contract_page(db, reader, after, limit + 1)
         more = len(rows) > limit
@@ -102,6 +105,7 @@ def _list_contracts(
         )
         nxt = portal.cursors.encode("contracts", scope, [rows[-1][0]]) if more else None
         links = link_headers(request, nxt)
+        declare(request, reader, shown, at)  # the tag's parts: rows of that list, instant
         if client_has(request, etag):
             return not_modified(etag, links)
         # The tag names everything the body is made of: the body is kept under it.
@@ -124,6 +128,7 @@ def _get_contract(
     state = _visible(portal, reader, contract_id)
     at = portal.figures_now()
     etag = portal.etag("contract", scope_key(reader), contract_id, state.size, at)
+    declare(request, reader, state, at)  # the tag's parts name the answer
     if client_has(request, etag):
         return not_modified(etag)
 
@@ -173,6 +178,7 @@ def _get_sla(
 
     etag = tag(state.size)
     if client_has(request, etag):
+        declare(request, reader, state, at)
         return not_modified(etag)
     ym = services.parse_month(month)
 
@@ -200,6 +206,7 @@ def _get_sla(
         etag = tag(size)
     else:
         portal.sla_instants[base] = max(at, portal.sla_instants.get(base, at))
+        declare(request, reader, state, at)  # the figures of this size and instant
     return json_answer(request, etag, body)
 
 
@@ -275,9 +282,11 @@ def _get_year(
 
     etag = tag(state.size, at)
     if client_has(request, etag):
+        declare(request, reader, state, at)
         return not_modified(etag)
     view = services.year_view_for(
-        portal, reader, contract_id, year, at, size=state.size, clock=portal.figures_now
+        portal, reader, contract_id, year, at, size=state.size, clock=portal.figures_now,
+        not_before=at,
     )
 
     def render() -> bytes:
@@ -291,6 +300,8 @@ def _get_year(
 
     key = ("api-year", scope_key(reader), *view_stamp(view))
     body = portal.pages.get_or_make(key, render)
+    if view.log_size == state.size and view.now == at:  # not a view kept from before
+        declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body)
 
 
@@ -330,6 +341,7 @@ def _get_credits(
     etag = portal.etag(
         "credits", scope_key(reader), contract_id, normalised_query(request), state.size
     )
+    declare(request, reader, state, None)  # the log alone (and the cursor, in the query)
     if client_has(request, etag):
         return not_modified(etag)
 

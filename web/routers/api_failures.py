@@ -18,6 +18,7 @@ from web.errors import NotFound
 from web.pagecache import scope_key, view_stamp
 from web.paging import PAGED_HEADERS, CursorQ, link_headers, next_url
 from web.portal import Portal
+from web.replay import declare
 from web.routers.api_contracts import MONTH_PATTERN
 from web.schemas import (
     CONDITIONAL,
@@ -91,6 +92,7 @@ def _list_failures(
 
     etag = tag(state.size, at)
     if client_has(request, etag):
+        declare(request, reader, state, at)
         return not_modified(etag)
     bound = (contract_id, year, flt.month, flt.failure_class, flt.cause, flt.status)
     after = None
@@ -101,7 +103,8 @@ def _list_failures(
         k, *position = portal.cursors.decode(cursor, "failures", bound)
         after = services.failure_key_of(position)
     view = services.year_view_for(
-        portal, reader, contract_id, k, at, size=state.size, clock=portal.figures_now
+        portal, reader, contract_id, k, at, size=state.size, clock=portal.figures_now,
+        not_before=at,
     )
 
     def render() -> tuple[bytes, str | None]:
@@ -129,6 +132,8 @@ def _list_failures(
 
     key = ("api-failures", scope_key(reader), *view_stamp(view), query)
     body, nxt = portal.pages.get_or_make(key, render)
+    if view.log_size == state.size and view.now == at:  # not a view kept from before
+        declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body, link_headers(request, nxt))
 
 
@@ -153,6 +158,7 @@ def _get_failure(
     # Nothing in the answer depends on the time: the log alone.
     etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, state.size)
     if client_has(request, etag):
+        declare(request, reader, state, None)
         return not_modified(etag)
 
     def render() -> tuple[int, bytes]:
@@ -170,6 +176,8 @@ def _get_failure(
     if size != state.size:  # the log grew meanwhile: not what the tag says
         portal.pages.forget(key)
         etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, size)
+    else:
+        declare(request, reader, state, None)
     return json_answer(request, etag, body)
 
 
@@ -231,6 +239,7 @@ def _get_proof(
         raise NotFound()
     etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, state.signed)
     if client_has(request, etag):
+        declare(request, reader, state, None)
         return not_modified(etag)
 
     def render() -> tuple[int, bytes]:
@@ -244,4 +253,6 @@ def _get_proof(
     if signed != state.signed:  # signed meanwhile: not what the tag says
         portal.pages.forget(key)
         etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, signed)
+    else:
+        declare(request, reader, state, None)
     return json_answer(request, etag, body)

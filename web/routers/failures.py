@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
@@ -35,10 +35,10 @@ async def failure_list(
     per_page: Annotated[int, Query(ge=1, le=services.MAX_PER_PAGE)] = 50,
 ) -> Response:
     """Failures of a contract year, newest first, filtered by month, class, cause, status."""
+    filters = (month, failure_class, cause, status)
     # One hop to the thread pool for the whole request (database, cache, rendering).
     return await run_in_threadpool(
-        _failure_list, request, contract_id, user, portal, year,
-        (month, failure_class, cause, status), page_no, per_page,
+        _failure_list, request, contract_id, user, portal, year, filters, page_no, per_page,
     )
 
 
@@ -94,6 +94,11 @@ def _failure_list(
 
     key = ("failures", scope_key(user), *view_stamp(view), filters, page_no, per_page)
     body = portal.pages.get_or_make(key, render)
+    return _failures_page(request, view, body)
+
+
+def _failures_page(request: Request, view: Any, body: Any) -> Response:
+    """The failures list: the caller's header around the cached ``body`` of ``view``."""
     return page(
         request,
         "failures.html",

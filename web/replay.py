@@ -1,0 +1,262 @@
+"""What the fast lane (:mod:`web.fastlane`) keeps and how it checks it: the handlers'
+declarations (:func:`declare`), the kept answers (:class:`ReplayCache`) and the
+visibility probe in the event loop (:class:`AsyncProbe`, shared by concurrent requests).
+
+Kept apart from the middleware so that the portal's context (:mod:`web.portal`) and the
+routers can use them without importing the request dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from web.db import ListState, LogState, probe_state, probe_statement, scope_settings
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+    from web.accounts import Principal
+
+State = LogState | ListState
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+
+#: Where a handler finds the declaration holder of its request (the ASGI scope key).
+SCOPE_KEY = "yoco.fastlane"
+#: The scope of answers that depend on no caller (the signer's public key).
+PUBLIC: tuple[str, str] = ("\x00public", "")
+
+
+@dataclass(slots=True)
+class Declaration:
+    """What a handler said its answer is a function of (see :func:`declare`)."""
+
+    scope: tuple[str, str] | None = None
+    state: State | None = None
+    at: datetime | None = None
+    set: bool = False
+
+
+def declare(
+    request: Request,
+    principal: Principal | None,
+    state: State | None,
+    at: datetime | None,
+) -> None:
+    """Say that the answer about to be returned is exactly a function of the request
+    target, ``If-None-Match``, ``principal``'s tenant scope (None: of nobody, a public
+    answer), the contract log ``state`` and the figures instant ``at``: the fast lane may
+    replay it to an identical request while those are unchanged.
+
+    Declare only what is true: an answer made from anything else (a view or figures of
+    another instant served while the current ones are computed, the log grown between
+    the probe and the read) must not be declared.  Only for routes that let in whoever
+    may read the tenant's data (``ReaderDep``): the scope is all the fast lane checks.
+    """
+    holder = request.scope.get(SCOPE_KEY)
+    if isinstance(holder, Declaration):
+        holder.scope = PUBLIC if principal is None else scope_settings(principal)
+        holder.state = state
+        holder.at = at
+        holder.set = True
+
+
+@dataclass(slots=True)
+class Kept:
+    """One kept answer and what it was made of."""
+
+    state: State | None
+    at: datetime | None
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = len(self.body) + sum(len(k) + len(v) for k, v in self.headers) + 64
+
+
+class ReplayCache:
+    """Kept answers by (scope, raw path, raw query, If-None-Match), least recently used
+    first out when their bytes pass ``max_bytes`` (thread-safe: test clients run several
+    event loops on one app)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[Any, ...], Kept] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, key: tuple[Any, ...]) -> Kept | None:
+        """The answer kept under ``key``, or None."""
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is not None:
+                self._entries.move_to_end(key)
+            return kept
+
+    def put(self, key: tuple[Any, ...], kept: Kept) -> None:
+        """Keep ``kept`` under ``key`` (replacing what was there)."""
+        if kept.size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
+            self._entries[key] = kept
+            self._bytes += kept.size
+            while self._bytes > self.max_bytes:
+                _, out = self._entries.popitem(last=False)
+                self._bytes -= out.size
+
+    def clear(self) -> None:
+        """Forget every kept answer."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_Key = tuple[str, str, str | None]
+
+
+class _LoopProbes:
+    """The probe connections and the pending probes of one event loop."""
+
+    def __init__(self, connections: int) -> None:
+        self.idle: asyncio.Queue[Any] = asyncio.Queue()
+        self.made = 0
+        self.limit = connections
+        self.waiting: dict[_Key, list[asyncio.Future[State | None]]] = {}
+        self.drivers: dict[_Key, asyncio.Task[None]] = {}
+        self.all: list[Any] = []
+
+
+class AsyncProbe:
+    """The visibility probe (:func:`web.db.probe_statement`) on autocommit ``asyncio``
+    connections of the portal role, in the event loop, shared by concurrent callers.
+
+    Only the loops started with :meth:`start` (the server's, in the application's
+    lifespan) get connections; :meth:`state` raises :class:`LookupError` elsewhere.
+
+    Requests of one (scope, contract) that arrive while a probe of theirs is running
+    wait for the **next** probe, which starts when that one ends and answers all of
+    them: every answer comes from a probe that began after its request arrived (so a
+    client that has just written sees its write), and 50 concurrent clients of one
+    contract cost a few round trips per millisecond, not one each.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[Any]], connections: int = 2) -> None:
+        self._connect = connect
+        self._connections = connections
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopProbes] = {}
+        self._guard = threading.Lock()
+        #: Probes sent to the server so far (each answers every request it started for).
+        self.round_trips = 0
+
+    def start(self) -> None:
+        """Serve probes in the running loop."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            self._loops.setdefault(loop, _LoopProbes(self._connections))
+
+    async def stop(self) -> None:
+        """Close the running loop's connections."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            mine = self._loops.pop(loop, None)
+        if mine is None:
+            return
+        for task in list(mine.drivers.values()):
+            task.cancel()
+        for conn in mine.all:
+            with contextlib.suppress(Exception):  # closing what may be broken already
+                await conn.close()
+
+    def serving(self) -> bool:
+        """Whether the running loop was started."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return loop in self._loops
+
+    async def state(self, scope: tuple[str, str], contract_id: str | None) -> State | None:
+        """The contract's log state if a caller of ``scope`` may see it, else None
+        (``contract_id`` None: the state of the caller's list of contracts)."""
+        lp = self._loops.get(asyncio.get_running_loop())
+        if lp is None:
+            raise LookupError("no probe connections in this event loop")
+        key = (scope[0], scope[1], contract_id)
+        fut: asyncio.Future[State | None] = asyncio.get_running_loop().create_future()
+        lp.waiting.setdefault(key, []).append(fut)
+        if key not in lp.drivers:
+            lp.drivers[key] = asyncio.get_running_loop().create_task(self._drive(lp, key))
+        return await fut
+
+    async def _drive(self, lp: _LoopProbes, key: _Key) -> None:
+        """Probe ``key`` for everyone waiting when the probe starts, again while more
+        arrived meanwhile."""
+        try:
+            while True:
+                batch = lp.waiting.pop(key, None)
+                if not batch:
+                    return
+                try:
+                    result: State | BaseException | None = await self._probe(lp, key)
+                except Exception as exc:
+                    result = exc
+                for fut in batch:
+                    if fut.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            lp.drivers.pop(key, None)
+            for fut in lp.waiting.pop(key, []):  # cancelled meanwhile: nobody probes
+                if not fut.done():
+                    fut.set_exception(LookupError("probe stopped"))
+
+    async def _probe(self, lp: _LoopProbes, key: _Key) -> State | None:
+        import psycopg
+
+        if lp.idle.empty() and lp.made < lp.limit:
+            lp.made += 1
+            try:
+                conn = await self._connect()
+            except BaseException:
+                lp.made -= 1
+                raise
+            lp.all.append(conn)
+        else:
+            conn = await lp.idle.get()
+        sql, params = probe_statement((key[0], key[1]), key[2])
+        self.round_trips += 1
+        try:
+            async with psycopg.AsyncClientCursor(conn) as cur:
+                await cur.execute(sql, params)
+                cur.nextset()
+                row = await cur.fetchone()
+        except BaseException:
+            # whatever broke, this connection is not reused
+            lp.made -= 1
+            lp.all.remove(conn)
+            with contextlib.suppress(Exception):  # already broken
+                await conn.close()
+            raise
+        lp.idle.put_nowait(conn)
+        return probe_state(row, key[2])
