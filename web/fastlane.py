@@ -23,6 +23,7 @@ and answers the next request with the same key from it, **only** when
   the ledger state it claims, and a contract the caller may not see is never answered
   from here (the handler answers 404).
 
+An answer that sets a cookie is never kept (it belongs to one caller, not to a tenant).
 Anything else — another method, a path outside ``/api/v1``, an unknown caller, no kept
 answer, a different state, an error of the probe — goes to the application as before.
 What is replayed is byte for byte what the handler sent for an identical request in
@@ -109,6 +110,11 @@ class FastLane:
         status = start.get("status")
         if holder.at is not None and portal.settings.figures_ttl_seconds <= 0:
             return  # figures of this very microsecond: never asked for again
+        # An answer that sets a cookie is someone's own (a session, a CSRF binding):
+        # kept by tenant scope it could reach another caller of that tenant. None of
+        # /api/v1 sets one today; this keeps it so if a route ever does.
+        if any(k.lower() == b"set-cookie" for k, _ in start.get("headers", [])):
+            return
         if holder.set and complete and status in (200, 304) and holder.scope is not None:
             portal.replays.put(
                 (holder.scope, *target, inm),

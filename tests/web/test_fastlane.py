@@ -399,3 +399,28 @@ def test_a_recheck_never_brings_back_a_session_logged_out_meanwhile() -> None:
     assert hit is not None
     cache.renew("t", hit[0], None)  # the database says: no longer live
     assert cache.get("t") is None
+
+
+def test_an_answer_that_sets_a_cookie_is_never_replayed(api, lane_app, seeded, seed,
+                                                        monkeypatch) -> None:
+    # Answers are kept by tenant scope, not by caller: one that set a cookie (a session
+    # renewal, a CSRF binding) must never reach another caller of the tenant. No route of
+    # /api/v1 sets one today, so one is made to: the handler's answer goes out with its
+    # cookie, and the next identical request is answered by the handler again.
+    from starlette.responses import Response
+
+    portal = lane_app.state.portal
+    h = _bearer(_read_token(seeded, "Acme AI"))
+    url = "/api/v1/contracts/C-A"
+    init = Response.init_headers
+
+    def with_cookie(self: Response, headers: Any = None) -> None:
+        init(self, headers)
+        self.raw_headers.append((b"set-cookie", b"probe=1; HttpOnly"))
+
+    monkeypatch.setattr(Response, "init_headers", with_cookie)
+    first = api.get(url, headers=h)
+    assert first.status_code == 200 and first.headers["set-cookie"].startswith("probe=1")
+    before = portal.replays.hits
+    again = api.get(url, headers=h)
+    assert again.status_code == 200 and portal.replays.hits == before
