@@ -4,7 +4,8 @@
 argv: SLOT RANK STORE_PORT GUARD(1|0). Rank 1 posts a receive that rank 0 never sends,
 waits on it through Membership.wait until the test publishes a new generation (so the
 helper thread stays blocked), then exits; at the start of its exit rank 0 leaves too,
-closing its sockets while rank 1's interpreter is finalizing (made slow on purpose).
+closing its sockets while rank 1's interpreter is finalizing (held open until rank 0
+has gone).
 """
 
 from __future__ import annotations
@@ -23,11 +24,27 @@ from runtime.errors import GenerationChanged
 from runtime.membership import Membership
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
 class _SlowTeardown:
-    """Keeps the interpreter's finalization going for a while (it runs this __del__)."""
+    """Keeps the interpreter's finalization going (it runs this __del__) until the peer
+    has exited and a while after, so that the peer's exit falls inside it however loaded
+    the machine is (a fixed pause can end before a starved peer has left)."""
+
+    def __init__(self, peer: int) -> None:
+        self.peer = peer
 
     def __del__(self) -> None:
-        time.sleep(3.0)
+        deadline = time.monotonic() + 120
+        while not _gone(self.peer) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(20.0)  # the abort comes within ms of the peer's exit; never waited out
 
 
 def main() -> None:
@@ -38,6 +55,8 @@ def main() -> None:
     m = Membership(slot=slot, store_addr=("127.0.0.1", port), use_nccl=False,
                    poll_interval_s=0.002, regroup_timeout_s=60, collective_timeout_s=60,
                    current_step=lambda: 0)
+    if rank == 0:
+        m.store.set("pid0", str(os.getpid()))
     m.await_gen(0)
     m.form_groups(0, rank, 2)
     t = torch.zeros(10)
@@ -50,7 +69,7 @@ def main() -> None:
         m.wait(work, phase=P.Phase.SYNC)
     except GenerationChanged:
         print("abandoned", flush=True)
-    globals()["_slow"] = _SlowTeardown()
+    globals()["_slow"] = _SlowTeardown(int(m.store.get("pid0")))
     atexit.register(lambda: m.mark("exiting", "1"))  # runs first (atexit is LIFO)
 
 

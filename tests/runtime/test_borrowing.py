@@ -40,7 +40,7 @@ from runtime.records import validate_record
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
-from tests.runtime.test_nodes import _suppress
+from tests.runtime.test_nodes import NODE_TIMEOUT, _suppress
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
@@ -64,7 +64,10 @@ class MultiNodeJob:
                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--job-id", name,
                      "--runs-root", str(tmp / "runs"), "--sink", f"jsonl:{self.sink}",
                      "--no-nvml", "--progress-every", "0.2", "--pool", pool,
-                     "--priority", str(priority)]
+                     "--priority", str(priority),
+                     # Hosts are lost here by SIGKILL (seen at once on this machine), never
+                     # by silence: a heartbeat timeout a loaded machine cannot fake.
+                     "--node-timeout", str(NODE_TIMEOUT)]
         self.script_args = [EXAMPLE, "--steps", str(steps), "--step-sleep", str(sleep),
                             "--out", str(self.out), "--out-all-ranks"]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}

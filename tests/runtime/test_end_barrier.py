@@ -173,7 +173,8 @@ def test_a_wait_left_blocked_by_an_abandoned_generation_does_not_abort_the_exit(
             assert "still pending: leaving without the interpreter's teardown" in out
         else:
             assert rc == -signal.SIGABRT, out
-        assert procs[0].wait(timeout=60) == 0
+        assert procs[0].wait(timeout=60) == 0, procs[0].stdout.read().decode() \
+            if procs[0].stdout else ""
     finally:
         for p in procs:
             if p.poll() is None:

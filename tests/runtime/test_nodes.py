@@ -25,6 +25,12 @@ from runtime.supervisor import LaunchConfig, launch
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
 STEPS = 24
+# Every host of these tests runs on this machine, where a lost host is seen at once
+# (its agent's PF_EXITING) and a frozen one by /proc (its processes stopped): no test
+# here relies on the heartbeat timeout, which a loaded 2-core machine (9+ processes
+# importing torch at once) can exceed with a healthy host whose beat thread waits for a
+# CPU. Silence alone is tested on its own: test_a_remote_node_silent_for_the_timeout_*.
+NODE_TIMEOUT = 30.0
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +39,8 @@ class Cluster:
     """``yoco run`` on NODES "hosts" (hostK), each in a process group of its own."""
 
     def __init__(self, tmp: Path, *, nnodes: str, nproc: int, steps: int = STEPS,
-                 sleep: float = 0.2, extra: tuple[str, ...] = ()) -> None:
+                 sleep: float = 0.2, extra: tuple[str, ...] = (),
+                 node_timeout: float = NODE_TIMEOUT) -> None:
         self.tmp = tmp
         self.port = free_rendezvous_port()
         self.sink = tmp / "records.jsonl"
@@ -44,7 +51,7 @@ class Cluster:
                      "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--job-id", "mn",
                      "--runs-root", str(tmp / "runs"), "--sink", f"jsonl:{self.sink}",
                      "--no-nvml", "--progress-every", "0.2", "--checkpoint-every", "5",
-                     *extra]
+                     "--node-timeout", str(node_timeout), *extra]
         self.script_args = [EXAMPLE, "--steps", str(steps), "--step-sleep", str(sleep),
                             "--out", str(self.out)]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -191,7 +198,7 @@ def test_a_frozen_node_is_fenced_as_hung_and_replaced(
     assert _incidents(recs) == [("host1", "unplanned", "hang", "live_migrated", 0)]
     fail = next(r for r in recs if r["kind"] == "failure")
     # Fenced by the stopped-host check (/proc shows its agent and worker stopped), within
-    # a few steady steps rather than the 2 s --node-timeout.
+    # a few steady steps, not by the heartbeat timeout.
     assert "silent" in fail["detail"] and "stopped (/proc)" in fail["detail"], fail
     _assert_identical(ref, c.out)
     # Fenced: the frozen host's processes were killed (reachable on this machine).
@@ -341,3 +348,49 @@ def test_two_nodes_lost_100_ms_apart(tmp_path: Path, cluster_factory: Any) -> No
     fail = next(r for r in recs if r["kind"] == "failure")
     assert "host1" in fail["detail"] and "host2" in fail["detail"], fail
     _assert_identical(ref, c.out)
+
+
+def test_a_remote_node_silent_for_the_timeout_is_fenced_as_hung(tmp_path: Path) -> None:
+    # The coordinator's heartbeat check alone, on a real store: node 1 is on another
+    # machine (nothing of it can be read in /proc or signalled), so silence is all the
+    # coordinator can go by. While both nodes beat, neither is lost, however long that
+    # lasts; once node 1 stops beating it is lost as hung, not before --node-timeout and
+    # dated when it was last heard. Each beat is followed by the coordinator's look in
+    # this one thread, so a loaded machine delays both alike and cannot fake a silence.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from runtime import protocol as P
+    from runtime.nodepool import NodePool, machine_id
+
+    timeout = 1.0
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    here = {"name": "host0", "pid": os.getpid(), "pgid": os.getpgid(0),
+            "machine": machine_id(), "nproc": 1}
+    there = {"name": "host1", "pid": 1, "pgid": 1, "machine": "another-machine", "nproc": 1}
+    for rank, info in enumerate((here, there)):
+        store.set(P.node_beat_key(rank), "0")
+        store.set(P.node_info_key(rank), json.dumps(info))
+    pool = NodePool(store, nodes=2, node_timeout_s=timeout, register_timeout_s=10)
+    assert not pool.nodes[1].reachable
+    alive_until = time.monotonic() + 3 * timeout
+    while time.monotonic() < alive_until:
+        for rank in (0, 1):
+            store.add(P.node_beat_key(rank), 1)
+        time.sleep(0.06)  # past the coordinator's 50 ms between looks at the beats
+        assert pool.take_node_failures() == []
+    last_heard = time.time()
+    lost = []
+    while not lost and time.time() < last_heard + 30:
+        store.add(P.node_beat_key(0), 1)
+        time.sleep(0.06)
+        lost = pool.take_node_failures()
+    [failure] = lost
+    assert (failure.node, failure.cause) == ("host1", "hang")
+    silent = float(failure.detail.split("silent for ")[1].split(" s")[0])
+    assert silent >= timeout and "(no heartbeat): fenced" in failure.detail, failure
+    # Dated at its last beat (3 timeouts after it registered), not at registration.
+    assert last_heard - 0.5 <= failure.since <= last_heard
+    assert pool.nodes[0].lost is None and pool.nodes[1].lost == "hang"
