@@ -9,7 +9,8 @@ The agent:
 * registers ``node/RANK/info`` (name, pid, process group, machine, places);
 * beats every 0.1 s from a thread of its own (``node/RANK/beat``, a counter);
 * takes the coordinator's requests from its queue: ``spawn`` (a worker or spare process
-  of SCRIPT, forked from its spare zygote when it is ready), ``kill`` and ``lend`` (the
+  of SCRIPT, forked from its spare zygote, waiting for it if it is still starting),
+  ``kill`` and ``lend`` (the
   host goes to another job for a while: ``on_lend``, :func:`runtime.loanagent.serve_loan`);
 * reports on the shared event queue each process it started (``started`` with its pid),
   each one that begins to die (``exiting``: the kernel's ``PF_EXITING``, within ~1 ms of
