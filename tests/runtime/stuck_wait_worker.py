@@ -3,9 +3,13 @@
 
 argv: SLOT RANK STORE_PORT GUARD(1|0). Rank 1 posts a receive that rank 0 never sends,
 waits on it through Membership.wait until the test publishes a new generation (so the
-helper thread stays blocked), then exits; at the start of its exit rank 0 leaves too,
-closing its sockets while rank 1's interpreter is finalizing (held open until rank 0
-has gone).
+helper thread stays blocked), then exits. Rank 0 leaves, closing its sockets, at the
+start of rank 1's exit (its first atexit hook: ``exiting``) when rank 1 has the exit
+guard, and once rank 1's interpreter is finalizing (``finalizing``, set by a __del__
+that then holds the finalization open until rank 0 has gone) when it has not: the
+moment that aborted an unguarded process, made certain however loaded the machine.
+Rank 0 notes ``formed0`` once its groups are formed: the test publishes the next
+generation only then (a rank still forming them would take it for its own failure).
 """
 
 from __future__ import annotations
@@ -24,27 +28,29 @@ from runtime.errors import GenerationChanged
 from runtime.membership import Membership
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except OSError:
-        return True
-
-
 class _SlowTeardown:
-    """Keeps the interpreter's finalization going (it runs this __del__) until the peer
-    has exited and a while after, so that the peer's exit falls inside it however loaded
-    the machine is (a fixed pause can end before a starved peer has left)."""
+    """Runs in the interpreter's finalization (a module global's __del__): tells rank 0
+    to leave now, then keeps the finalization going until rank 0 has exited and a while
+    after. What it calls is bound now: by then module globals and builtins may be gone."""
 
-    def __init__(self, peer: int) -> None:
-        self.peer = peer
+    def __init__(self, store: object, peer: int) -> None:
+        self.store = store
+        self.stat = f"/proc/{peer}/stat"
+        self.open, self.sleep, self.now = open, time.sleep, time.monotonic
+
+    def _peer_gone(self) -> bool:
+        try:
+            with self.open(self.stat, "rb") as fh:
+                return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+        except OSError:
+            return True
 
     def __del__(self) -> None:
-        deadline = time.monotonic() + 120
-        while not _gone(self.peer) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(20.0)  # the abort comes within ms of the peer's exit; never waited out
+        self.store.set("finalizing", "1")  # type: ignore[attr-defined]
+        deadline = self.now() + 120
+        while not self._peer_gone() and self.now() < deadline:
+            self.sleep(0.01)
+        self.sleep(20.0)  # the abort comes within ms of the peer's exit; never waited out
 
 
 def main() -> None:
@@ -61,15 +67,16 @@ def main() -> None:
     m.form_groups(0, rank, 2)
     t = torch.zeros(10)
     if rank == 0:
-        m.store.wait(["exiting"], timedelta(seconds=120))
-        os._exit(0)  # its sockets close while rank 1 finalizes
+        m.mark("formed0", "1")
+        m.store.wait(["exiting" if guard == "1" else "finalizing"], timedelta(seconds=120))
+        os._exit(0)  # its sockets close while rank 1 exits
     work = m.cpu_pg.recv([t], 0, 7)
     m.mark("posted", "1")
     try:
         m.wait(work, phase=P.Phase.SYNC)
     except GenerationChanged:
         print("abandoned", flush=True)
-    globals()["_slow"] = _SlowTeardown(int(m.store.get("pid0")))
+    globals()["_slow"] = _SlowTeardown(m.store, int(m.store.get("pid0")))
     atexit.register(lambda: m.mark("exiting", "1"))  # runs first (atexit is LIFO)
 
 
