@@ -9,7 +9,8 @@ The agent:
 * registers ``node/RANK/info`` (name, pid, process group, machine, places);
 * beats every 0.1 s from a thread of its own (``node/RANK/beat``, a counter);
 * takes the coordinator's requests from its queue: ``spawn`` (a worker or spare process
-  of SCRIPT, forked from its spare zygote when it is ready), ``kill`` and ``lend`` (the
+  of SCRIPT, forked from its spare zygote, waiting for it if it is still starting),
+  ``kill`` and ``lend`` (the
   host goes to another job for a while: ``on_lend``, :func:`runtime.loanagent.serve_loan`);
 * reports on the shared event queue each process it started (``started`` with its pid),
   each one that begins to die (``exiting``: the kernel's ``PF_EXITING``, within ~1 ms of
@@ -124,6 +125,11 @@ class Agent:
         coordinator (another job's store, or none within ``connect_timeout_s``)."""
         self.store = self._connect()
         self._check_job()
+        # The heartbeat's own connection exists before this node registers: the
+        # coordinator counts silence from its first look at a registered node, so a
+        # connection still being made then (TCPStore retries a failed attempt after a
+        # 1-2 s back-off) would already count as silence.
+        beat_store = self._connect()
         self.store.set(P.node_beat_key(self.rank), "0")
         self.store.set(P.node_info_key(self.rank), json.dumps({
             "name": self.ident.node_name, "pid": os.getpid(), "pgid": os.getpgid(0),
@@ -135,7 +141,8 @@ class Agent:
         # and the loop's own work (starting the zygote, forking processes: hundreds of
         # ms under load) must not look like a frozen host. A stopped or dead host stops
         # the thread too.
-        threading.Thread(target=self._beat, name="yoco-beat", daemon=True).start()
+        threading.Thread(target=self._beat, args=(beat_store,), name="yoco-beat",
+                         daemon=True).start()
         if self.cfg.fork_spares:
             self.pool.start_zygote(dict(os.environ))
         last_shutdown = 0.0
@@ -184,13 +191,14 @@ class Agent:
             raise ConfigError(f"the coordinator at {where} runs job {found!r}, not "
                               f"{self.cfg.job_id!r}: this host does not join it")
 
-    def _beat(self) -> None:
-        # A connection of its own: a TCPStore client runs one request at a time.
+    def _beat(self, store: Any) -> None:
+        # On a connection of its own (a TCPStore client runs one request at a time), the
+        # first beat at once, then every NODE_BEAT_INTERVAL_S.
         try:
-            store = dist.TCPStore(self.ident.rdzv_host, self.ident.rdzv_port, is_master=False,
-                                  timeout=timedelta(seconds=self.cfg.coordinator_timeout_s))
-            while not self.stop.wait(P.NODE_BEAT_INTERVAL_S):
+            while True:
                 store.add(P.node_beat_key(self.rank), 1)
+                if self.stop.wait(P.NODE_BEAT_INTERVAL_S):
+                    return
         except (RuntimeError, dist.DistStoreError) as exc:  # the main loop notices too
             log.warning("node %s: heartbeat stopped: %s", self.ident.node_name, exc)
 

@@ -81,6 +81,11 @@ def process_stopped(pid: int) -> bool:
     return fields is not None and fields[0] in (b"T", b"t")
 
 
+#: How long :meth:`WorkerPool.spawn` waits for a zygote that is still starting before it
+#: starts a new process instead (a zygote that neither gets ready nor dies is broken).
+ZYGOTE_START_WAIT_S = 120.0
+
+
 class WorkerPool:
     """Every process of one job, by slot name (``w0``, ``w1``, ...)."""
 
@@ -105,14 +110,19 @@ class WorkerPool:
         return self._next_slot
 
     def start_zygote(self, env: Mapping[str, str]) -> None:
-        """Start the fork server for replacement spares (runtime.zygote)."""
+        """Start the fork server (runtime.zygote) that the job's processes are forked
+        from: the first workers and spares as well as their replacements."""
         self._logs["zygote"] = (self.log_dir / "zygote.log").open("ab")
         self.zygote = Zygote(self.python, dict(env), self._logs["zygote"])
 
     def spawn(self, slot: str, env: dict[str, str]) -> None:
-        """Start ``slot``: forked from the zygote when it is ready, else a new process."""
+        """Start ``slot``: forked from the zygote (waiting up to
+        :data:`ZYGOTE_START_WAIT_S` for one still starting), else a new process."""
         log_path = self.log_dir / f"{slot}.log"
-        if self.zygote is not None and self.zygote.ready:
+        # A zygote still importing torch is waited for rather than raced: a new process
+        # would make the same imports (on the same CPUs, slowing both down), so the
+        # fork after the wait is ready no later, and N processes cost one import, not N.
+        if self.zygote is not None and self.zygote.wait_ready(ZYGOTE_START_WAIT_S):
             try:
                 self.procs[slot] = self.zygote.spawn(slot, self.argv, env, log_path)
                 return

@@ -109,8 +109,10 @@ class LaunchConfig:
     collective_timeout_s: float | None = None
     max_recoveries: int = 64
     replenish_spares: bool = True
-    # Replacement spares (and cold replacements in a rollback) are forked from a process
-    # that has already imported torch (runtime.zygote): ready in ~0.5 s instead of 3-10 s.
+    # The workers and spares -- the first ones, replacement spares and cold replacements
+    # in a rollback -- are forked from a process that has already imported torch
+    # (runtime.zygote): a replacement is ready in ~0.5 s instead of 3-10 s, and N
+    # processes cost one import of torch instead of N.
     fork_spares: bool = True
     resume: bool = False
     host: str = "127.0.0.1"
@@ -398,10 +400,10 @@ class Supervisor:
         if not started:
             self._emit(R.job_started(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                      gpus=self.cfg.workers))
+        if self.cfg.fork_spares:  # first: the workers and spares are forked from it
+            self.pool.start_zygote({**os.environ, **self.cfg.env})
         members = [self._spawn(i % self.cfg.shards) for i in range(self.cfg.workers)]
         self.spares = [self._spawn(i % self.cfg.shards) for i in range(self.cfg.spares)]
-        if self.cfg.fork_spares:
-            self.pool.start_zygote({**os.environ, **self.cfg.env})
         self.holders = set(members)
         if self.cfg.resume and started:
             self._resume(prior, committed, members)

@@ -1,10 +1,12 @@
-"""A fork server for replacement spares: a process that has already imported torch and
+"""A fork server for a job's processes: a process that has already imported torch and
 forks a new worker in milliseconds instead of a fresh interpreter's 3-10 s.
 
-Why: the supervisor starts its first workers and spares as ordinary processes, but a
-spare that replaces one called in must be *warm* before the next move can use it, and a
-fresh ``import torch`` takes 3 s on an idle 2-core machine and up to 10 s under load.
-The zygote imports torch and the runtime once, stays single-threaded in Python and runs
+Why: a spare that replaces one called in must be *warm* before the next move can use it,
+and a fresh ``import torch`` takes 3 s on an idle 2-core machine and up to 10 s under
+load. The first workers and spares are forked from it too (once it is ready): N fresh
+interpreters would make the same imports N times over on the same CPUs, so they would be
+ready no sooner, and on a small machine much later. The zygote imports torch and the
+runtime once, stays single-threaded in Python and runs
 no torch op (so a fork is safe), and forks a child per request; the child points its
 stdout/stderr at the worker's log, takes the worker's environment and runs the training
 script as ``__main__``, exactly as ``python SCRIPT ARGS`` would.
@@ -122,6 +124,12 @@ def main() -> None:
         with contextlib.suppress(OSError):
             _, status = os.waitpid(pid, 0)
             send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
+    # Leave without the interpreter's teardown: the zygote holds nothing to flush or
+    # release (its reports are written unbuffered), and tearing down an interpreter with
+    # torch and torch._dynamo loaded takes 1-3 s, which the job's end waits for. (Its
+    # children never get here: a child's script ends by raising out of this function.)
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class ForkedProcess:
@@ -168,6 +176,10 @@ class Zygote:
         self._procs: dict[int, ForkedProcess] = {}
         self._exits: dict[int, int] = {}  # reaped before their pid was claimed
         self._pids: dict[str, int] = {}
+        # Forks given up on (spawn timed out; the caller started a new process for the
+        # slot instead): killed as soon as the zygote reports them, so that no second
+        # process runs as that slot.
+        self._abandoned: set[str] = set()
         self._proc = subprocess.Popen([python, "-m", "runtime.zygote"], env=env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=log)
@@ -186,6 +198,10 @@ class Zygote:
                         proc.returncode = int(msg["rc"])
                     else:
                         self._exits[msg["pid"]] = int(msg["rc"])
+                elif msg["slot"] in self._abandoned:
+                    self._abandoned.discard(msg["slot"])
+                    with contextlib.suppress(OSError):
+                        os.kill(int(msg["pid"]), signal.SIGKILL)
                 else:
                     self._pids[msg["slot"]] = int(msg["pid"])
                 self.cond.notify_all()
@@ -193,6 +209,13 @@ class Zygote:
             self.alive = False
             self.ready = False
             self.cond.notify_all()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the zygote to be ready; True when it is
+        (False at once when it has exited)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.ready or not self.alive, timeout) \
+                and self.ready
 
     def spawn(self, slot: str, argv: list[str], env: dict[str, str], log: Path,
               timeout: float = 10.0) -> ForkedProcess:
@@ -209,6 +232,7 @@ class Zygote:
             raise RuntimeError(f"the spare zygote is not running: {exc}") from exc
         with self.cond:
             if not self.cond.wait_for(lambda: slot in self._pids or not self.alive, timeout):
+                self._abandoned.add(slot)
                 raise RuntimeError(f"the spare zygote did not fork {slot} in {timeout} s")
             if slot not in self._pids:
                 raise RuntimeError("the spare zygote exited")

@@ -106,8 +106,9 @@ def run(
                                          help="Seconds between job_progress records."),
     fork_spares: bool = typer.Option(
         True, "--fork-spares/--cold-spares",
-        help="Start replacement spares by forking a process that has already imported "
-             "torch (ready in well under a second) or as new processes (3-10 s)."),
+        help="Fork the workers and spares (replacements too) from a process that has "
+             "already imported torch (a replacement is ready in well under a second) "
+             "or start each as a new process (3-10 s)."),
     hang_floor: float = typer.Option(
         3.0, "--hang-floor", min=0.1,
         help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x steady step "

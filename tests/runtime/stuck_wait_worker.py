@@ -3,16 +3,18 @@
 
 argv: SLOT RANK STORE_PORT GUARD(1|0). Rank 1 posts a receive that rank 0 never sends,
 waits on it through Membership.wait until the test publishes a new generation (so the
-helper thread stays blocked), then exits. Rank 0 leaves when the ``exiting`` mark is set,
-closing its sockets. Without the guard rank 1 sets that mark from inside its interpreter's
-finalization (a ``__del__`` run when module globals are cleared, after the atexit hooks),
-so the peer's sockets close while it finalizes -- whatever the machine's load, never
-earlier, when the helper thread could still take the GIL and end cleanly. With the guard
-rank 1 leaves from its atexit hook and never finalizes; the test sets the mark then.
+helper thread stays blocked), then exits. Rank 0 leaves, closing its sockets, at the
+start of rank 1's exit (its first atexit hook: ``exiting``) when rank 1 has the exit
+guard, and once rank 1's interpreter is finalizing (``finalizing``, set by a __del__
+that then holds the finalization open until rank 0 has gone) when it has not: the
+moment that aborted an unguarded process, made certain however loaded the machine.
+Rank 0 notes ``formed0`` once its groups are formed: the test publishes the next
+generation only then (a rank still forming them would take it for its own failure).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -27,16 +29,28 @@ from runtime.membership import Membership
 
 
 class _SlowTeardown:
-    """Run by the interpreter's finalization: lets rank 0 go, then keeps the finalization
-    going (at most 60 s) while rank 0's sockets close. Without the guard the process dies
-    of SIGABRT inside this sleep."""
+    """Runs in the interpreter's finalization (a module global's __del__): tells rank 0
+    to leave now, then keeps the finalization going until rank 0 has exited and a while
+    after. What it calls is bound now: by then module globals and builtins may be gone."""
 
-    def __init__(self, store: object) -> None:
-        self.store = store  # held here: module globals are already cleared when this runs
+    def __init__(self, store: object, peer: int) -> None:
+        self.store = store
+        self.stat = f"/proc/{peer}/stat"
+        self.open, self.sleep, self.now = open, time.sleep, time.monotonic
+
+    def _peer_gone(self) -> bool:
+        try:
+            with self.open(self.stat, "rb") as fh:
+                return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+        except OSError:
+            return True
 
     def __del__(self) -> None:
-        self.store.set("exiting", "1")  # type: ignore[attr-defined]
-        time.sleep(60.0)
+        self.store.set("finalizing", "1")  # type: ignore[attr-defined]
+        deadline = self.now() + 120
+        while not self._peer_gone() and self.now() < deadline:
+            self.sleep(0.01)
+        self.sleep(20.0)  # the abort comes within ms of the peer's exit; never waited out
 
 
 def main() -> None:
@@ -47,19 +61,23 @@ def main() -> None:
     m = Membership(slot=slot, store_addr=("127.0.0.1", port), use_nccl=False,
                    poll_interval_s=0.002, regroup_timeout_s=60, collective_timeout_s=60,
                    current_step=lambda: 0)
+    if rank == 0:
+        m.store.set("pid0", str(os.getpid()))
     m.await_gen(0)
     m.form_groups(0, rank, 2)
     t = torch.zeros(10)
     if rank == 0:
-        m.store.wait(["exiting"], timedelta(seconds=120))
-        os._exit(0)  # its sockets close while rank 1 finalizes
+        m.mark("formed0", "1")
+        m.store.wait(["exiting" if guard == "1" else "finalizing"], timedelta(seconds=120))
+        os._exit(0)  # its sockets close while rank 1 exits
     work = m.cpu_pg.recv([t], 0, 7)
     m.mark("posted", "1")
     try:
         m.wait(work, phase=P.Phase.SYNC)
     except GenerationChanged:
         print("abandoned", flush=True)
-    globals()["_slow"] = _SlowTeardown(m.store)
+    globals()["_slow"] = _SlowTeardown(m.store, int(m.store.get("pid0")))
+    atexit.register(lambda: m.mark("exiting", "1"))  # runs first (atexit is LIFO)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ from runtime.nodes import free_rendezvous_port
 from runtime.records import validate_record
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
-from runtime.supervisor import LaunchConfig, launch
-from tests.runtime.test_nodes import _suppress
+from tests.runtime.conftest import Reference
+from tests.runtime.test_nodes import NODE_TIMEOUT, _suppress
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
@@ -64,7 +64,10 @@ class MultiNodeJob:
                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--job-id", name,
                      "--runs-root", str(tmp / "runs"), "--sink", f"jsonl:{self.sink}",
                      "--no-nvml", "--progress-every", "0.2", "--pool", pool,
-                     "--priority", str(priority)]
+                     "--priority", str(priority),
+                     # Hosts are lost here by SIGKILL (seen at once on this machine), never
+                     # by silence: a heartbeat timeout a loaded machine cannot fake.
+                     "--node-timeout", str(NODE_TIMEOUT)]
         self.script_args = [EXAMPLE, "--steps", str(steps), "--step-sleep", str(sleep),
                             "--out", str(self.out), "--out-all-ranks"]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -193,12 +196,8 @@ def pool_server(tmp_path: Path) -> Any:
 
 
 def test_a_high_priority_job_borrows_a_host_and_the_lender_goes_on_narrower(
-        tmp_path: Path, pool_server: str) -> None:
-    ref = tmp_path / "ref.pt"
-    cfg = LaunchConfig(script=EXAMPLE, args=["--steps", str(HI_STEPS), "--out", str(ref)],
-                       workers=2, spares=0, job_id="ref", runs_root=str(tmp_path / "runs"),
-                       nvml=False)
-    assert launch(cfg, JsonlFileSink(tmp_path / "ref.jsonl")).exit_code == 0
+        tmp_path: Path, pool_server: str, failure_free: Reference) -> None:
+    ref = failure_free(EXAMPLE, ["--steps", str(HI_STEPS)], workers=2)
     lo = MultiNodeJob(tmp_path, "lo", hosts=2, priority=1, pool=pool_server,
                       steps=LO_STEPS, sleep=0.4)
     hi = MultiNodeJob(tmp_path, "hi", hosts=2, priority=10, pool=pool_server,

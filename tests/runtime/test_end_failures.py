@@ -22,6 +22,7 @@ from runtime.faults import parse_fault
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
+from tests.runtime.conftest import Reference
 from tests.runtime.test_migration import EXAMPLE
 
 pytestmark = pytest.mark.slow
@@ -45,12 +46,9 @@ def _tensors(path: Path) -> tuple[int, list[torch.Tensor]]:
     return state["step"], split_state({"m": state["model"], "o": state["optimizer"]})[1]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("endref")
-    result, _, out = _run(tmp, "ref", [], spares=0)
-    assert result.exit_code == 0
-    return out
+@pytest.fixture
+def reference(failure_free: Reference) -> Path:
+    return failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
 
 
 @pytest.mark.parametrize("faults,cause", [

@@ -15,6 +15,7 @@ import pytest
 from runtime.faults import parse_fault
 from runtime.sink import JsonlFileSink
 from runtime.supervisor import LaunchConfig, launch
+from tests.runtime.conftest import Reference
 from tests.runtime.test_faults_recorded import _one_outcome_each, _stop_rank1, _when_step
 from tests.runtime.test_migration import EXAMPLE, _assert_identical, _failures
 
@@ -26,13 +27,14 @@ STEPS = 30
 def _config(tmp: Path, name: str, faults: tuple[str, ...] = ()) -> LaunchConfig:
     return LaunchConfig(script=EXAMPLE, args=["--steps", str(STEPS), "--out",
                                               str(tmp / f"{name}.pt"), "--step-sleep", "0.1"],
-                        workers=2, spares=0 if name == "ref" else 1, job_id=name,
+                        workers=2, spares=1, job_id=name,
                         contract_id="c-test", runs_root=str(tmp / "runs"), nvml=False,
                         faults=[parse_fault(f) for f in faults], progress_interval_s=0.5)
 
 
-def test_a_slow_step_is_not_fenced_and_a_stopped_worker_is(tmp_path: Path) -> None:
-    assert launch(_config(tmp_path, "ref")).exit_code == 0
+def test_a_slow_step_is_not_fenced_and_a_stopped_worker_is(
+        tmp_path: Path, failure_free: Reference) -> None:
+    ref = failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
     # w1 sleeps 1.5 s in step 6: ~10 steady steps (0.1 s sleep + compute), five times
     # the stopped deadline max(0.25 s, 3 steps), but asleep, not stopped: not fenced.
     # At step 12 it is SIGSTOPped: fenced as hung (its replacement gets the state from w0).
@@ -54,4 +56,4 @@ def test_a_slow_step_is_not_fenced_and_a_stopped_worker_is(tmp_path: Path) -> No
     assert fail["detail"].startswith("w1 hung") and "stopped (state T in /proc)" in fail["detail"]
     assert fail["step"] >= 12  # the slow step (6) was no incident
     assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
-    _assert_identical(tmp_path / "ref.pt", tmp_path / "hang.pt", steps=STEPS)
+    _assert_identical(ref, tmp_path / "hang.pt", steps=STEPS)

@@ -19,6 +19,7 @@ from runtime.faults import parse_fault
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
+from tests.runtime.conftest import Reference
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
@@ -63,15 +64,9 @@ def _failures(recs: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
              outcomes[r["event_id"]]["lost_steps"]) for r in recs if r["kind"] == "failure"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("ref")
-    result, recs, out = _run(tmp, "ref", faults=[], spares=0)
-    assert result.exit_code == 0
-    kinds = [r["kind"] for r in recs]
-    assert kinds[0] == "job_started" and kinds[-1] == "job_finished"
-    assert "failure" not in kinds and recs[-1]["step"] == STEPS
-    return out
+@pytest.fixture
+def reference(failure_free: Reference) -> Path:
+    return failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=3)
 
 
 def test_live_migrations_are_bit_identical(reference: Path, tmp_path: Path) -> None:
@@ -167,13 +162,13 @@ def test_supervisor_crash_delivers_every_record_once(tmp_path: Path) -> None:
     assert stored[-1]["kind"] == "job_finished" and stored[-1]["step"] == 40
 
 
-def test_large_state_transfer_overlaps_and_is_bit_identical(tmp_path: Path) -> None:
+def test_large_state_transfer_overlaps_and_is_bit_identical(
+        tmp_path: Path, failure_free: Reference) -> None:
     # hidden 320: weights and Adam moments of 400 KB travel as their own ops (not packed),
     # into the spare's pre-allocated buffers, the optimizer state while the first step's
     # forward/backward runs.
     extra = ("--hidden", "320", "--layers", "2")
-    _, _, ref = _run(tmp_path, "big-ref", faults=[], spares=0, ckpt=0, workers=2,
-                     steps=20, extra=extra)
+    ref = failure_free(EXAMPLE, ["--steps", "20", *extra], workers=2)
     result, recs, out = _run(tmp_path, "big", faults=["kill:rank=1:step=5",
                                                       "kill:rank=0:step=12"],
                              spares=1, ckpt=0, workers=2, steps=20, extra=extra, sleep=0.1)
@@ -220,13 +215,13 @@ def test_member_follows_a_new_generation_while_a_peer_never_arrives(tmp_path: Pa
             proc.wait()
 
 
-def test_sparse_gradients_survive_a_kill_bit_identically(tmp_path: Path) -> None:
+def test_sparse_gradients_survive_a_kill_bit_identically(
+        tmp_path: Path, failure_free: Reference) -> None:
     # Embedding tables with sparse gradients (reduced as sparse tensors) and Adagrad: the
     # replicas must agree, and a live migration must not change a bit of the result.
     extra = ("--tables", "3", "--rows", "2000", "--emb-dim", "16", "--bag", "4",
              "--hidden", "32", "--layers", "2", "--sparse")
-    _, _, ref = _run(tmp_path, "sp-ref", faults=[], spares=0, ckpt=0, workers=2,
-                     steps=20, extra=extra)
+    ref = failure_free(EXAMPLE, ["--steps", "20", *extra], workers=2)
     result, recs, out = _run(tmp_path, "sp", faults=["kill:rank=1:step=7"], spares=1,
                              ckpt=0, workers=2, steps=20, extra=(*extra, "--out-all-ranks"),
                              sleep=0.05)
@@ -238,11 +233,12 @@ def test_sparse_gradients_survive_a_kill_bit_identically(tmp_path: Path) -> None
     _assert_identical(out, Path(f"{out}.rank1"), steps=20)
 
 
-def test_one_spare_serves_moves_in_a_row_through_forked_replacements(tmp_path: Path) -> None:
+def test_one_spare_serves_moves_in_a_row_through_forked_replacements(
+        tmp_path: Path, failure_free: Reference) -> None:
     # One spare only: after each move or recovery the replacement is forked by the spare
     # zygote (torch already imported), so the next event finds a warm spare again.
     # 20 steps after the last event: slack for a forked spare on a loaded machine.
-    _, _, ref = _run(tmp_path, "z-ref", faults=[], spares=0, ckpt=0, workers=2, steps=40)
+    ref = failure_free(EXAMPLE, ["--steps", "40"], workers=2)
     faults = ["warn:rank=0:step=4", "drain:rank=1:step=9", "kill:rank=0:step=15",
               "drain:rank=0:step=20"]
     result, recs, out = _run(tmp_path, "z", faults=faults, spares=1, ckpt=0, workers=2,

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,26 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-@pytest.fixture()
-def zygote(tmp_path: Path):
-    log = (tmp_path / "zygote.log").open("ab")
+def _start(where: Path):
+    log = (where / "zygote.log").open("ab")
     z = Zygote(sys.executable, dict(os.environ), log)
-    deadline = time.monotonic() + 120
-    while not z.ready and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert z.ready, (tmp_path / "zygote.log").read_text()
+    assert z.wait_ready(120), (where / "zygote.log").read_text()
+    return z, log
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory):
+    """One zygote for the tests that leave it serving (each starts its own children)."""
+    z, log = _start(tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.close()
+    log.close()
+
+
+@pytest.fixture()
+def own_zygote(tmp_path: Path):
+    """A zygote of the test's own (it closes it)."""
+    z, log = _start(tmp_path)
     yield z
     z.close()
     log.close()
@@ -71,7 +82,22 @@ def test_killed_worker_reports_the_signal_and_wait_times_out(zygote: Zygote,
     proc.kill()  # already reaped: nothing happens
 
 
-def test_closing_the_zygote_kills_its_workers(zygote: Zygote, tmp_path: Path) -> None:
+def test_a_fork_given_up_on_is_killed_when_it_comes(zygote: Zygote, tmp_path: Path) -> None:
+    # spawn() gave up waiting for the fork (its caller then starts a new process for the
+    # slot): the child the zygote forks later must not run on as a second w1.
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(RuntimeError, match="did not fork w1"):
+        zygote.spawn("w1", [str(script), "sleep"], {}, tmp_path / "w1.log", timeout=0)
+    with zygote.cond:
+        assert zygote.cond.wait_for(lambda: -signal.SIGKILL in zygote._exits.values(), 30)
+    assert "w1" not in zygote._pids
+    ok = zygote.spawn("w2", [str(script), "0"], {}, tmp_path / "w2.log")
+    assert ok.wait(timeout=30) == 0  # the zygote serves on
+
+
+def test_closing_the_zygote_kills_its_workers(own_zygote: Zygote, tmp_path: Path) -> None:
+    zygote = own_zygote
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     proc = zygote.spawn("w1", [str(script), "sleep"], {}, tmp_path / "w1.log")

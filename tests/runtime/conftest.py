@@ -1,0 +1,61 @@
+"""Fixtures of the runtime tests: failure-free reference runs, shared by the session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.sink import JsonlFileSink
+from runtime.supervisor import LaunchConfig, launch
+
+#: run(script, args, workers=2, env=None) -> where rank 0's final state is (see failure_free).
+Reference = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def failure_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """``run(script, args, workers=2, env=None)``: the path of rank 0's final state (with
+    ``--out-all-ranks`` in ``args``, rank r's is ``PATH.rankR``) after a failure-free run
+    of ``script args`` under the runtime, ``workers`` wide (``env``: variables added to
+    the workers' environment), checked to have recorded no
+    failure and to have finished its ``--steps``.
+
+    Tests compare the state a run with failures ends with to this one, bit for bit. The
+    same script, arguments and width train the same state, so each such run is made once
+    per session and shared. It runs without spares (it has nothing to replace) and without
+    ``--step-sleep`` (a pause between steps, which only gives the tests with faults time
+    to act, changes nothing in the state)."""
+    root = tmp_path_factory.mktemp("failure-free")
+    made: dict[tuple[Any, ...], Path] = {}
+
+    def run(script: str, args: Sequence[str], workers: int = 2,
+            env: Mapping[str, str] | None = None) -> Path:
+        args = list(args)
+        assert "--out" not in args, "the reference's --out is its own"
+        if "--step-sleep" in args:
+            at = args.index("--step-sleep")
+            del args[at:at + 2]
+        key = (script, tuple(args), workers, tuple(sorted((env or {}).items())))
+        if key not in made:
+            name = f"ref{len(made)}"
+            out = root / f"{name}.pt"
+            sink = JsonlFileSink(root / f"{name}.jsonl")
+            cfg = LaunchConfig(script=script, args=[*args, "--out", str(out)],
+                               workers=workers, spares=0, job_id=name,
+                               contract_id="c-test", runs_root=str(root / "runs"),
+                               nvml=False, env=dict(env or {}))
+            result = launch(cfg, sink)
+            assert result.exit_code == 0, result
+            recs = sink.read_all()
+            kinds = [r["kind"] for r in recs]
+            assert kinds[0] == "job_started" and kinds[-1] == "job_finished", kinds
+            assert "failure" not in kinds, recs
+            steps = int(args[args.index("--steps") + 1])
+            assert recs[-1]["step"] == steps, recs[-1]
+            made[key] = out
+        return made[key]
+
+    return run
