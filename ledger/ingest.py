@@ -19,11 +19,9 @@ words whichever way it came (``tests/ledger/test_one_path_db.py``).
 
 from __future__ import annotations
 
-import multiprocessing
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -385,9 +383,10 @@ def ingest_stream(
 
     Each batch is what :func:`ingest_batch` makes of it (the same checks, refusals and
     result, one unit of work each, committed in stream order), but its validation and
-    encoding (:func:`prepare_batch`) run in ``workers`` worker processes, up to
-    ``workers + 1`` batches ahead, while this process writes the previous batch: on
-    two cores, the records' checks and the database's work overlap. ``workers=0``
+    encoding (:func:`prepare_batch`) run in ``workers`` worker processes
+    (:class:`ledger.workers.PrepareWorker`), up to ``workers + 1`` batches ahead, while
+    this process writes the previous batch: on two cores, the records' checks and the
+    database's work overlap. ``workers=0``
     prepares every batch here, in turn. Yields each batch's result once it is committed.
     A refused batch raises :class:`~ledger.errors.IngestRefused` after every batch
     before it was committed, with nothing of it or of later batches written.
@@ -406,31 +405,32 @@ def ingest_stream(
         for batch in batches:
             yield write(prepare_batch(batch.objs, batch.what, batch.now, kinds, keep_keys=False))
         return
+    from ledger.workers import PrepareWorker
+
+    pool = [PrepareWorker() for _ in range(workers)]
     source = iter(batches)
-    # Spawned, not forked: the workers never share this process's connections.
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    pending: deque[Future[PreparedBatch]] = deque()
+    sent = 0
+    done = 0
 
     def submit() -> None:
+        nonlocal sent
         batch = next(source, None)
         if batch is not None:
-            pending.append(
-                pool.submit(
-                    prepare_batch, list(batch.objs), batch.what, batch.now, kinds, keep_keys=False
-                )
-            )
+            pool[sent % workers].submit(list(batch.objs), batch.what, batch.now, kinds)
+            sent += 1
 
     try:
+        # Up to workers + 1 batches ahead: every worker busy, one more waiting.
         for _ in range(workers + 1):
             submit()
-        while pending:
-            prepared = pending.popleft().result()
+        while done < sent:
+            prepared = pool[done % workers].result()
+            done += 1
             submit()
             yield write(prepared)
     finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        for worker in pool:
+            worker.close()
 
 
 def _existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
