@@ -46,7 +46,7 @@ def _body(data: bytes) -> bytes:
     return data[_SIGNATURE_LEN:-2]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(entries=_entries, base=st.integers(0, 2**62))
 def test_journal_rows_equal_the_generic_encoder(entries, base) -> None:
     given_ = [
@@ -70,7 +70,7 @@ def test_journal_rows_equal_the_generic_encoder(entries, base) -> None:
     assert encoded.kinds == [e[0] for e in entries]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(entries=_entries, picks=st.lists(st.integers(0, 11), max_size=12))
 def test_select_keeps_every_column_of_the_entries_picked(entries, picks) -> None:
     encoded = encode_entries([(k, e, c, w, b) for k, e, _, c, w, b in entries])
@@ -89,7 +89,7 @@ def test_a_naive_time_or_a_malformed_id_is_refused() -> None:
     assert len(encode_entries([])) == 0 and isinstance(encode_entries([]), EncodedEntries)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     log_id=_text.filter(bool),
     nodes=st.lists(

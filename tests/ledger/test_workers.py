@@ -29,12 +29,21 @@ def _batch(n: int, job: str) -> list[dict[str, object]]:
     ]
 
 
-def test_batches_come_back_in_order_as_this_process_prepares_them() -> None:
+def test_batches_come_back_in_order_as_here_refusals_as_errors_failures_raised() -> None:
     batches = [_batch(k, f"j{k}") for k in (3, 0, 7)]
+    bad = [f.job_started(), f.rec("job_started", job_id="j", gpus=0)]
     with PrepareWorker() as worker:
         for i, b in enumerate(batches):
             worker.submit(b, f"batch {i}", NOW, frozenset({"job_started"}))
+        worker.submit(bad, "bad", NOW, None)
+        worker.submit(_batch(1, "j"), "naive clock", datetime(2026, 1, 1), None)
+        worker.submit(_batch(1, "j"), "fine", NOW, None)
         got = [worker.result() for _ in batches]
+        refused = worker.result()
+        assert [(e.index, e.field) for e in refused.errors] == [(1, "gpus")]
+        with pytest.raises(TypeError, match="offset-naive"):
+            worker.result()
+        assert not worker.result().errors  # the worker carries on after an exception
     for i, (b, prepared) in enumerate(zip(batches, got, strict=True)):
         here = prepare_batch(b, f"batch {i}", NOW, {"job_started"}, keep_keys=False)
         assert prepared.what == f"batch {i}" and not prepared.errors
@@ -42,19 +51,6 @@ def test_batches_come_back_in_order_as_this_process_prepares_them() -> None:
         assert prepared.order == here.order and prepared.indexes == here.indexes
         assert prepared.projected == here.projected
         assert [i for i, _, _ in prepared.projected] == [0]
-
-
-def test_refused_records_come_back_as_errors_and_a_failure_is_raised_here() -> None:
-    bad = [f.job_started(), f.rec("job_started", job_id="j", gpus=0)]
-    with PrepareWorker() as worker:
-        worker.submit(bad, "bad", NOW, None)
-        worker.submit(_batch(1, "j"), "naive clock", datetime(2026, 1, 1), None)
-        worker.submit(_batch(1, "j"), "fine", NOW, None)
-        refused = worker.result()
-        assert [(e.index, e.field) for e in refused.errors] == [(1, "gpus")]
-        with pytest.raises(TypeError, match="offset-naive"):
-            worker.result()
-        assert not worker.result().errors  # the worker carries on after an exception
 
 
 def test_a_worker_that_dies_is_reported_and_close_does_not_hang() -> None:
