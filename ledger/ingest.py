@@ -35,7 +35,8 @@ from ledger import journal, merkle, projections
 from ledger.errors import IngestRefused
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
-from ledger.records import OrderKey, Record, RecordError, causal_order, order_key, validate_batch
+from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
+from ledger.records import OrderKey, Record, RecordError
 from ledger.stream import FileIndex, index_file, read_records
 
 
@@ -50,8 +51,6 @@ class IngestResult:
 
 
 Locator = Callable[[int, str, str], RecordError]
-#: A refusal found without the database, before it is located: ``(record, field, message)``.
-Problem = tuple[int, str, str]
 
 
 def event_id_taken(event_id: str) -> str:
@@ -74,93 +73,6 @@ def line_locator(lines: Sequence[int]) -> Locator:
 def index_locator() -> Locator:
     """Errors that name the batch index of record ``i``."""
     return lambda i, fld, msg: RecordError(msg, field=fld, index=i)
-
-
-@dataclass(slots=True)
-class PreparedBatch:
-    """A batch checked and encoded without the database: what the append needs, in columns.
-
-    Built by :func:`prepare_batch` (in this process, or in a worker process by
-    :func:`ingest_stream`: every field is a plain list, ``bytes`` or ``str``, cheap to
-    send). ``errors`` are the records' own refusals (the batch is then refused as a
-    whole); ``indexes`` name each kept record's element in the caller's batch; ``order``
-    is the :func:`~ledger.records.causal_order` of the records, ``order_problems`` its
-    refusals; ``entries`` the journal rows, all but their sequence numbers; ``projected``
-    ``(record, occurred_at, body)`` of the records the projectors are shown (every one,
-    or those of the kinds asked for); ``keys`` the records' order keys (kept only in
-    this process).
-    """
-
-    what: str
-    errors: list[RecordError]
-    indexes: list[int | None]
-    order: list[int]
-    order_problems: list[Problem]
-    entries: journal.EncodedEntries
-    projected: list[tuple[int, datetime | None, dict[str, Any]]]
-    keys: list[OrderKey] | None = None
-
-
-def _order(keys: Sequence[OrderKey]) -> tuple[list[int], list[Problem]]:
-    """:func:`causal_order` of ``keys``, its refusals as ``(record, field, message)``."""
-    order, errors = causal_order(keys)
-    if not errors:
-        return order, []
-    at = {(k.line, k.index): i for i, k in enumerate(keys)}
-    return order, [(at[(e.line, e.index)], e.field, e.message) for e in errors]
-
-
-def _prepare_records(
-    records: Sequence[Record], what: str, projected_kinds: Collection[str] | None
-) -> PreparedBatch:
-    keys = [order_key(r) for r in records]
-    order, problems = _order(keys)
-    entries = journal.encode_entries(
-        (r.kind, r.event_id, r.contract_id, r.occurred_at, r.canonical) for r in records
-    )
-    projected: list[tuple[int, datetime | None, dict[str, Any]]]
-    if projected_kinds is None:
-        projected = [(i, r.occurred_at, r.body) for i, r in enumerate(records)]
-    else:
-        projected = [
-            (i, r.occurred_at, r.body) for i, r in enumerate(records) if r.kind in projected_kinds
-        ]
-    return PreparedBatch(
-        what=what,
-        errors=[],
-        indexes=[r.index for r in records],
-        order=order,
-        order_problems=problems,
-        entries=entries,
-        projected=projected,
-        keys=keys,
-    )
-
-
-def prepare_batch(
-    objs: Sequence[Any],
-    what: str = "batch",
-    now: datetime | None = None,
-    projected_kinds: Collection[str] | None = None,
-    *,
-    keep_keys: bool = True,
-) -> PreparedBatch:
-    """Validate and encode a batch of parsed records; no database.
-
-    Promises: every record checked by :func:`~ledger.records.validate_batch` (identical
-    repeats collapsed); on any refusal a batch whose ``errors`` list every one, and
-    nothing else; otherwise the batch's causal order and its journal rows (canonical
-    bytes, leaf hashes), ready for :func:`append_prepared`. ``projected_kinds`` (None:
-    all) are the entry kinds whose bodies are kept for the projectors; it may leave out
-    only kinds no projector reads (as :func:`ledger.projections.replay` does).
-    """
-    records, errors = validate_batch(list(objs), now=now)
-    if errors:
-        return PreparedBatch(what, errors, [], [], [], journal.encode_entries(()), [])
-    prepared = _prepare_records(records, what, projected_kinds)
-    if not keep_keys:
-        prepared.keys = None
-    return prepared
 
 
 def append_prepared(
@@ -226,7 +138,7 @@ def ingest(
     """
     return append_prepared(
         session,
-        _prepare_records(records, "batch", None),
+        prepare_records(records, "batch", None),
         extra_projectors,
         locate=locate or index_locator(),
         keep_stored=True,
@@ -262,7 +174,7 @@ def ingest_file(
 
 def _file_plan(index: FileIndex) -> _Plan:
     keys = index.keys
-    order, problems = _order(keys)
+    order, problems = order_problems(keys)
     return _Plan(
         [k.event_id for k in keys],
         [k.contract_id for k in keys],

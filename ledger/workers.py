@@ -1,7 +1,7 @@
 """Batches prepared in a worker process while another batch is being written.
 
 :func:`ledger.ingest.ingest_stream` hands each batch's validation and encoding
-(:func:`ledger.ingest.prepare_batch`, no database) to a :class:`PrepareWorker`: a child
+(:func:`ledger.prepare.prepare_batch`, no database) to a :class:`PrepareWorker`: a child
 Python process (``python -m ledger.workers``) that reads batches from a pipe and writes
 the prepared batches back, in order. On two cores the records' checks then run while
 this process and the database append the batch before.
@@ -55,7 +55,7 @@ def _read_frame(source: IO[bytes]) -> bytes | None:
 
 
 class PrepareWorker:
-    """One child process running :func:`ledger.ingest.prepare_batch`, first in, first out.
+    """One child process running :func:`ledger.prepare.prepare_batch`, first in, first out.
 
     :meth:`submit` never blocks (the batch is pickled and sent by a thread); :meth:`result`
     returns the prepared batches in submission order, raising what the child raised
@@ -147,7 +147,7 @@ class PrepareWorker:
 
 def _serve(source: IO[bytes], out: IO[bytes]) -> None:
     """The child's loop: prepare each batch read from ``source``, write it to ``out``."""
-    from ledger.ingest import prepare_batch
+    from ledger.prepare import prepare_batch
 
     while (frame := _read_frame(source)) is not None:
         objs, what, now, kinds = pickle.loads(frame)  # noqa: S301 (from the parent's pipe)

@@ -24,13 +24,8 @@ from billing.projections import KINDS as BILLING_KINDS
 from billing.projections import PROJECTORS, TABLES
 from ledger.contracts import add_contracts
 from ledger.errors import IngestRefused
-from ledger.ingest import (
-    RecordBatch,
-    event_id_taken,
-    ingest_batch,
-    ingest_stream,
-    prepare_batch,
-)
+from ledger.ingest import RecordBatch, event_id_taken, ingest_batch, ingest_stream
+from ledger.prepare import prepare_batch
 from ledger.projections import KINDS, snapshot
 from ledger.records import parse_contracts
 from ledger.verify import verify_all

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ledger.ingest import prepare_batch
+from ledger.prepare import prepare_batch
 from ledger.workers import PrepareWorker, WorkerFailed
 from tests import factories as f
 
