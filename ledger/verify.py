@@ -268,6 +268,11 @@ def verify_log(
     kept: dict[tuple[int, int], bytes] = {}
     tops: list[bytes] = []  # the top node (level chunk_level) of every whole chunk
     entries = 0
+    # A bitmap scan returns a chunk's rows in heap order, and the ordered aggregates then
+    # sort them (on disk, at 2**14 rows of canonical bytes); the primary key's own order
+    # needs no sort (a third of the chunk query's time). Only the plan changes.
+    bitmap = session.execute(text("SELECT current_setting('enable_bitmapscan')")).scalar_one()
+    session.execute(text("SELECT set_config('enable_bitmapscan', 'off', true)"))
     chunks = _fetch_chunks(session, log_id, size, top)
     try:
         for lo, hi, row, stored in chunks:
@@ -289,6 +294,8 @@ def verify_log(
                 progress(hi - lo)
     finally:
         chunks.close()
+    # (Left off after a failure: it is local to the transaction, and only plans change.)
+    session.execute(text("SELECT set_config('enable_bitmapscan', :v, true)"), {"v": bitmap})
     extra = session.execute(
         text("SELECT min(seq) FROM journal_entries WHERE log_id = :log AND seq >= :size"),
         {"log": log_id, "size": size},
