@@ -19,7 +19,11 @@ from sqlalchemy.orm import Session
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 _TRAILER = b"\xff\xff"
 _NULL = b"\xff\xff\xff\xff"
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: A NULL field (a length of -1), for encoders of whole rows.
+NULL_FIELD = _NULL
+#: Where PostgreSQL's timestamps count from (microseconds since then, in UTC).
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_PG_EPOCH = PG_EPOCH
 _length = struct.Struct(">i").pack
 _int2 = struct.Struct(">ih").pack
 _int4 = struct.Struct(">ii").pack
@@ -30,6 +34,11 @@ _UUID_HEAD = _length(16)
 def _text(value: str) -> bytes:
     data = value.encode()
     return _length(len(data)) + data
+
+
+def text_field(value: str) -> bytes:
+    """One ``text`` field in COPY's binary format: its UTF-8 length, then its bytes."""
+    return _text(value)
 
 
 def _bytea(value: bytes) -> bytes:
@@ -111,6 +120,32 @@ def copy_rows(
         write = copy.write_row
         for row in rows:
             write(row)
+
+
+def copy_binary(
+    session: Session, table: str, columns: Sequence[str], rows: Iterable[bytes]
+) -> None:
+    """Append rows already encoded in COPY's binary format to ``table``.
+
+    ``rows`` are pieces of the data between the signature and the trailer (whole rows,
+    or parts of rows in order: they are concatenated), as :func:`binary_copy_data` lays
+    them out; sent in pieces of about a megabyte.
+    """
+    conn = session.connection().connection.driver_connection
+    assert conn is not None
+    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        pending = [_SIGNATURE]
+        size = len(_SIGNATURE)
+        for piece in rows:
+            pending.append(piece)
+            size += len(piece)
+            if size >= 1 << 20:
+                copy.write(b"".join(pending))
+                pending = []
+                size = 0
+        pending.append(_TRAILER)
+        copy.write(b"".join(pending))
 
 
 def copy_dicts(session: Session, table: str, rows: Sequence[dict[str, Any]]) -> None:

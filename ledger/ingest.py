@@ -19,11 +19,10 @@ words whichever way it came (``tests/ledger/test_one_path_db.py``).
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -32,11 +31,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import journal, projections
+from ledger import journal, merkle, projections
 from ledger.errors import IngestRefused
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
-from ledger.records import OrderKey, Record, RecordError, causal_order, order_key, validate_batch
+from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
+from ledger.records import OrderKey, Record, RecordError
 from ledger.stream import FileIndex, index_file, read_records
 
 
@@ -75,6 +75,54 @@ def index_locator() -> Locator:
     return lambda i, fld, msg: RecordError(msg, field=fld, index=i)
 
 
+def append_prepared(
+    session: Session,
+    prepared: PreparedBatch,
+    projectors: Sequence[projections.Projector] = (),
+    *,
+    locate: Locator | None = None,
+    keep_stored: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """Append a batch :func:`prepare_batch` accepted, with the checks that need the ledger.
+
+    The checks and order of :func:`ingest`; refusals name each record by ``locate``
+    (default: its element's index in the caller's batch). Never commits.
+    """
+    if prepared.errors:
+        raise IngestRefused(prepared.errors, prepared.what)
+    indexes = prepared.indexes
+    entries = prepared.entries
+    projected = prepared.projected
+
+    def load(part: list[int]) -> _Part:
+        chosen = entries.select(part)
+        if chosen is entries:
+            return _Part(entries, projected)
+        at = {p: j for j, p in enumerate(part)}
+        return _Part(
+            chosen, [(at[i], when, body) for i, when, body in projected if i in at]
+        )
+
+    return _ingest_indexed(
+        session,
+        _Plan(
+            entries.event_ids,
+            entries.log_ids,
+            entries.leaves,
+            prepared.order,
+            prepared.order_problems,
+            locate or (lambda i, fld, msg: RecordError(msg, field=fld, index=indexes[i])),
+        ),
+        load,
+        projectors,
+        chunk=max(len(entries), 1),
+        keep_stored=keep_stored,
+        progress=progress,
+        what=prepared.what,
+    )
+
+
 def ingest(
     session: Session,
     records: Sequence[Record],
@@ -88,15 +136,11 @@ def ingest(
     :func:`~ledger.records.causal_order`: an outcome may come before its failure, a
     failure or job_finished before its job_started, anywhere in the batch.
     """
-    locate = locate or index_locator()
-    return _ingest_indexed(
+    return append_prepared(
         session,
-        [order_key(r) for r in records],
-        [hashlib.sha256(r.canonical).digest() for r in records],
-        lambda positions: [records[p] for p in positions],
-        locate,
+        prepare_records(records, "batch", None),
         extra_projectors,
-        chunk=max(len(records), 1),
+        locate=locate or index_locator(),
         keep_stored=True,
     )
 
@@ -116,19 +160,43 @@ def ingest_file(
     ``chunk`` at a time, so memory stays bounded by the index. ``progress`` is called
     with the number of records handled after each chunk. Never commits.
     """
-    keys = index.keys
     with index.path.open("rb") as fh:
         return _ingest_indexed(
             session,
-            keys,
-            index.digests,
-            lambda positions: read_records(index, positions, fh),
-            line_locator([k.line or 0 for k in keys]),
+            _file_plan(index),
+            _file_loader(index, fh),
             extra_projectors,
             chunk=chunk,
             keep_stored=False,
             progress=progress,
         )
+
+
+def _file_plan(index: FileIndex) -> _Plan:
+    keys = index.keys
+    order, problems = order_problems(keys)
+    return _Plan(
+        [k.event_id for k in keys],
+        [k.contract_id for k in keys],
+        index.leaves,
+        order,
+        problems,
+        line_locator([k.line or 0 for k in keys]),
+    )
+
+
+def _file_loader(index: FileIndex, fh: Any) -> Callable[[list[int]], _Part]:
+    def load(part: list[int]) -> _Part:
+        records = read_records(index, part, fh)
+        return _Part(
+            journal.encode_entries(
+                (r.kind, r.event_id, r.contract_id, r.occurred_at, r.canonical)
+                for r in records
+            ),
+            [(j, r.occurred_at, r.body) for j, r in enumerate(records)],
+        )
+
+    return load
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,62 +227,6 @@ class FileBatch:
     chunk: int = 5000
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
-    """A validated batch: what the one ingest path needs of it."""
-
-    what: str
-    keys: Sequence[OrderKey]
-    digests: Sequence[bytes]
-    loader: Callable[[], AbstractContextManager[Callable[[list[int]], list[Record]]]]
-    locate: Locator
-    chunk: int
-    keep_stored: bool
-
-
-def _check(batch: RecordBatch | FileBatch) -> _Checked:
-    """Validate every record of ``batch`` (no database); refuse it whole on any error."""
-    if isinstance(batch, FileBatch):
-        index = index_file(batch.path, now=batch.now, progress=batch.progress)
-        what = str(batch.path)
-        if index.error_count:
-            raise IngestRefused(index.errors, what, count=index.error_count)
-
-        @contextmanager
-        def reread() -> Iterator[Callable[[list[int]], list[Record]]]:
-            with index.path.open("rb") as fh:
-                yield lambda positions: read_records(index, positions, fh)
-
-        return _Checked(
-            what=what,
-            keys=index.keys,
-            digests=index.digests,
-            loader=reread,
-            locate=line_locator([k.line or 0 for k in index.keys]),
-            chunk=batch.chunk,
-            keep_stored=False,
-        )
-    records, errors = validate_batch(list(batch.objs), now=batch.now)
-    if errors:
-        raise IngestRefused(errors, batch.what)
-
-    @contextmanager
-    def held() -> Iterator[Callable[[list[int]], list[Record]]]:
-        yield lambda positions: [records[p] for p in positions]
-
-    return _Checked(
-        what=batch.what,
-        keys=[order_key(r) for r in records],
-        digests=[hashlib.sha256(r.canonical).digest() for r in records],
-        loader=held,
-        # Identical repeats collapse, so record i is not always element i: name the
-        # element of the caller's batch.
-        locate=lambda i, fld, msg: RecordError(msg, field=fld, index=records[i].index),
-        chunk=max(len(records), 1),
-        keep_stored=True,
-    )
-
-
 def ingest_batch(
     unit: Callable[[], AbstractContextManager[Session]],
     batch: RecordBatch | FileBatch,
@@ -241,53 +253,147 @@ def ingest_batch(
 
     ``progress`` is called with the number of records handled after each chunk.
     """
-    checked = _check(batch)
+    if isinstance(batch, FileBatch):
+        index = index_file(batch.path, now=batch.now, progress=batch.progress)
+        what = str(batch.path)
+        if index.error_count:
+            raise IngestRefused(index.errors, what, count=index.error_count)
+        if before_write is not None:
+            before_write(index.keys)
+        with index.path.open("rb") as fh, unit() as session:
+            return _ingest_indexed(
+                session,
+                _file_plan(index),
+                _file_loader(index, fh),
+                projectors,
+                chunk=batch.chunk,
+                keep_stored=False,
+                progress=progress,
+                what=what,
+            )
+    prepared = prepare_batch(batch.objs, batch.what, batch.now)
+    if prepared.errors:
+        raise IngestRefused(prepared.errors, prepared.what)
     if before_write is not None:
-        before_write(checked.keys)
-    with checked.loader() as load, unit() as session:
-        return _ingest_indexed(
-            session,
-            checked.keys,
-            checked.digests,
-            load,
-            checked.locate,
-            projectors,
-            chunk=checked.chunk,
-            keep_stored=checked.keep_stored,
-            progress=progress,
-            what=checked.what,
-        )
+        assert prepared.keys is not None
+        before_write(prepared.keys)
+    with unit() as session:
+        # Identical repeats collapse, so record i is not always element i: the refusals
+        # name the element of the caller's batch.
+        return append_prepared(session, prepared, projectors, progress=progress)
 
 
-def _existing_digests(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
-    """SHA-256 of the canonical bytes of the entries already stored under ``event_ids``.
+def ingest_stream(
+    unit: Callable[[], AbstractContextManager[Session]],
+    batches: Iterable[RecordBatch],
+    projectors: Sequence[projections.Projector] = (),
+    *,
+    projected_kinds: Collection[str] | None = None,
+    workers: int = 1,
+) -> Iterator[IngestResult]:
+    """Append a stream of batches, validating the next ones while one is written.
+
+    Each batch is what :func:`ingest_batch` makes of it (the same checks, refusals and
+    result, one unit of work each, committed in stream order), but its validation and
+    encoding (:func:`prepare_batch`) run in ``workers`` worker processes
+    (:class:`ledger.workers.PrepareWorker`), up to ``workers + 1`` batches ahead, while
+    this process writes the previous batch: on two cores, the records' checks and the
+    database's work overlap. ``workers=0``
+    prepares every batch here, in turn. Yields each batch's result once it is committed.
+    A refused batch raises :class:`~ledger.errors.IngestRefused` after every batch
+    before it was committed, with nothing of it or of later batches written.
+    ``projected_kinds`` as for :func:`prepare_batch`: with it, only the bodies the
+    projectors read travel back from the workers.
+    """
+    kinds = None if projected_kinds is None else frozenset(projected_kinds)
+
+    def write(prepared: PreparedBatch) -> IngestResult:
+        if prepared.errors:
+            raise IngestRefused(prepared.errors, prepared.what)
+        with unit() as session:
+            return append_prepared(session, prepared, projectors)
+
+    if workers <= 0:
+        for batch in batches:
+            yield write(prepare_batch(batch.objs, batch.what, batch.now, kinds, keep_keys=False))
+        return
+    from ledger.workers import PrepareWorker
+
+    pool = [PrepareWorker() for _ in range(workers)]
+    source = iter(batches)
+    sent = 0
+    done = 0
+
+    def submit() -> None:
+        nonlocal sent
+        batch = next(source, None)
+        if batch is not None:
+            pool[sent % workers].submit(list(batch.objs), batch.what, batch.now, kinds)
+            sent += 1
+
+    try:
+        # Up to workers + 1 batches ahead: every worker busy, one more waiting.
+        for _ in range(workers + 1):
+            submit()
+        while done < sent:
+            prepared = pool[done % workers].result()
+            done += 1
+            submit()
+            yield write(prepared)
+    finally:
+        for worker in pool:
+            worker.close()
+
+
+def _existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
+    """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 
     ``event_ids`` are canonical (lowercase) UUID strings, and so are the keys returned.
-    The ids go to the server as one ``uuid[]`` parameter: an ``IN`` list of 10,000
-    bound parameters cost more to build and parse than the index probes themselves.
+    The ids go to the server as one ``uuid[]`` literal: an ``IN`` list of 10,000 bound
+    parameters, or a list the driver adapts item by item, cost more to build and parse
+    than the index probes themselves.
     """
     found: dict[str, bytes] = {}
-    ids = sorted(set(event_ids))
     conn = session.connection().connection.driver_connection
     assert conn is not None
+    leaf_hash = merkle.leaf_hash
     with conn.cursor(binary=True) as cur:
-        for start in range(0, len(ids), 50000):
+        for start in range(0, len(event_ids), 50000):
             cur.execute(
                 "SELECT event_id::text, canonical FROM journal_entries "
-                "WHERE event_id = ANY(%s::text[]::uuid[])",
-                (ids[start : start + 50000],),
+                "WHERE event_id = ANY(%s::text::uuid[])",
+                ("{" + ",".join(event_ids[start : start + 50000]) + "}",),
             )
             for eid, canonical in cur:
-                found[eid] = hashlib.sha256(bytes(canonical)).digest()
+                found[eid] = leaf_hash(bytes(canonical))
     return found
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What the checks that need the ledger read of a batch, one element per record."""
+
+    event_ids: Sequence[str]
+    contract_ids: Sequence[str]
+    #: RFC 9162 leaf hashes of the canonical bytes: equal iff the bytes are.
+    leaves: Sequence[bytes]
+    order: list[int]
+    order_problems: list[Problem]
+    locate: Locator
+
+
+@dataclass(slots=True)
+class _Part:
+    """A chunk's journal rows, in append order, and the bodies its projectors are shown."""
+
+    entries: journal.EncodedEntries
+    projected: list[tuple[int, datetime | None, dict[str, Any]]]
 
 
 def _ingest_indexed(
     session: Session,
-    keys: Sequence[OrderKey],
-    digests: Sequence[bytes],
-    load: Callable[[list[int]], list[Record]],
-    locate: Locator,
+    plan: _Plan,
+    load: Callable[[list[int]], _Part],
     extra_projectors: Sequence[projections.Projector],
     *,
     chunk: int,
@@ -295,23 +401,28 @@ def _ingest_indexed(
     progress: Callable[[int], None] | None = None,
     what: str = "batch",
 ) -> IngestResult:
-    """What every ingest shares: checks on the compact keys, then appends ``chunk`` at a
+    """What every ingest shares: checks on the compact plan, then appends ``chunk`` at a
     time (refusals name the batch as ``what``)."""
     result = IngestResult()
-    if not keys:
+    event_ids = plan.event_ids
+    if not event_ids:
         return result
+    locate = plan.locate
     errors: list[RecordError] = []
 
-    contract_ids = sorted({k.contract_id for k in keys})
+    contract_ids = sorted(set(plan.contract_ids))
     known_contracts = set(
         session.execute(
             select(Contract.contract_id).where(Contract.contract_id.in_(contract_ids))
         ).scalars()
     )
-    for i, k in enumerate(keys):
-        if k.contract_id not in known_contracts:
-            errors.append(locate(i, "contract_id", f"unknown contract {k.contract_id!r}"))
-        if not is_producer_event_id(k.event_id):
+    unknown = len(known_contracts) < len(contract_ids)
+    for i, event_id in enumerate(event_ids):
+        if unknown and plan.contract_ids[i] not in known_contracts:
+            errors.append(
+                locate(i, "contract_id", f"unknown contract {plan.contract_ids[i]!r}")
+            )
+        if not is_producer_event_id(event_id):
             # validate_record refuses these already; the journal must never take a
             # producer record into the id space of the system's own entries.
             errors.append(locate(i, "event_id", "must be a random UUID v4"))
@@ -320,63 +431,73 @@ def _ingest_indexed(
 
     # Append in causal order (issue 10, item 5): references resolve wherever they stand
     # in the batch; independent records keep their batch order.
-    order, order_errors = causal_order(keys)
-    if order_errors:
-        at = {(k.line, k.index): i for i, k in enumerate(keys)}
-        raise IngestRefused(
-            [locate(at[(e.line, e.index)], e.field, e.message) for e in order_errors], what
-        )
+    if plan.order_problems:
+        raise IngestRefused([locate(i, fld, msg) for i, fld, msg in plan.order_problems], what)
+    order = plan.order
 
     sizes = journal.lock_logs(session, contract_ids)
-    existing = _existing_digests(session, [k.event_id for k in keys])
-    fresh: list[int] = []
-    for i in order:
-        old = existing.get(keys[i].event_id) if existing else None
-        if old is None:
-            fresh.append(i)
-        elif old == digests[i]:
-            # Same bytes means same contract_id, so the producer can read that log.
-            result.duplicates += 1
-        else:
-            # One answer whatever log holds the id and whatever it says: the producer
-            # learns nothing about logs it may not read (issue 10, item 2).
-            errors.append(locate(i, "event_id", event_id_taken(keys[i].event_id)))
-    if errors:
-        raise IngestRefused(errors, what)
-    del existing
-    if progress is not None and result.duplicates:
-        progress(result.duplicates)
+    existing = _existing_leaves(session, event_ids)
+    if existing:
+        fresh: list[int] = []
+        leaves = plan.leaves
+        for i in order:
+            old = existing.get(event_ids[i])
+            if old is None:
+                fresh.append(i)
+            elif old == leaves[i]:
+                # Same bytes means same contract_id, so the producer can read that log.
+                result.duplicates += 1
+            else:
+                # One answer whatever log holds the id and whatever it says: the producer
+                # learns nothing about logs it may not read (issue 10, item 2).
+                errors.append(locate(i, "event_id", event_id_taken(event_ids[i])))
+        if errors:
+            raise IngestRefused(errors, what)
+        del existing
+        if progress is not None and result.duplicates:
+            progress(result.duplicates)
+    else:
+        fresh = order
 
     for start in range(0, len(fresh), chunk):
         part = fresh[start : start + chunk]
-        entries = [
-            journal.NewEntry(
-                kind=r.kind,
-                event_id=uuid.UUID(r.event_id),
-                contract_id=r.contract_id,
-                occurred_at=r.occurred_at,
-                canonical=r.canonical,
-                body=r.body,
-            )
-            for r in load(part)
-        ]
-        stored = journal.append_entries(session, entries, sizes)
+        loaded = load(part)
+        entries = loaded.entries
+        seqs = journal.append_encoded(session, entries, sizes)
         projected = [
             projections.ProjectedEntry(
-                s.log_id, s.seq, s.event_id, s.kind, e.occurred_at, e.body
+                entries.log_ids[j],
+                seqs[j],
+                uuid.UUID(entries.event_ids[j]),
+                entries.kinds[j],
+                when,
+                body,
             )
-            for e, s in zip(entries, stored, strict=True)
+            for j, when, body in loaded.projected
         ]
         problems = projections.project(session, projected, extra_projectors)
         if problems:
-            where = {e.event_id: i for i, e in zip(part, entries, strict=True)}
+            at = [j for j, _, _ in loaded.projected]
+            where = {e.event_id: part[j] for e, j in zip(projected, at, strict=True)}
             raise IngestRefused(
                 [locate(where[p.event_id], p.field, p.message) for p in problems], what
             )
-        result.appended += len(stored)
-        result.by_kind.update(st.kind for st in stored)
+        result.appended += len(entries)
+        result.by_kind.update(entries.kinds)
         if keep_stored:
-            result.stored.extend(stored)
+            result.stored.extend(
+                journal.StoredEntry(
+                    log_id=log_id, seq=seq, event_id=uuid.UUID(eid), kind=kind, leaf_hash=leaf
+                )
+                for log_id, seq, eid, kind, leaf in zip(
+                    entries.log_ids,
+                    seqs,
+                    entries.event_ids,
+                    entries.kinds,
+                    entries.leaves,
+                    strict=True,
+                )
+            )
         if progress is not None:
             progress(len(part))
     return result

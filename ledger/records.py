@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from yoco_records.canonical import (
@@ -212,12 +212,13 @@ def _failure_ref(record: Record) -> str:
     return data.failure_event_id
 
 
-@dataclass(frozen=True, slots=True)
-class OrderKey:
+class OrderKey(NamedTuple):
     """What :func:`causal_order` needs of a record (a compact index entry).
 
     ``job_id`` is set for job and failure records, ``failure_ref`` for outcomes and
-    exclusions; ``line``/``index`` say where the record stands in its batch.
+    exclusions; ``line``/``index`` say where the record stands in its batch. A named
+    tuple: one is built per record of every batch, and a tuple is built in a tenth of
+    the time of a frozen dataclass.
     """
 
     kind: str
@@ -227,14 +228,23 @@ class OrderKey:
     job_id: str | None = None
     failure_ref: str | None = None
     line: int | None = None
-    index: int | None = None
+    # Shadows tuple.index (no caller uses the method): the field's name is the one
+    # RecordError and Record use.
+    index: int | None = None  # type: ignore[assignment]
+
+
+_REFERRING = (OutcomeRec, ExclusionRec)
 
 
 def order_key(record: Record) -> OrderKey:
     """The :class:`OrderKey` of ``record``."""
     data = record.data
-    job_id = getattr(data, "job_id", None)
-    ref = data.failure_event_id if isinstance(data, OutcomeRec | ExclusionRec) else None
+    job_id: str | None
+    ref: str | None
+    if isinstance(data, _REFERRING):
+        job_id, ref = None, data.failure_event_id
+    else:
+        job_id, ref = data.job_id, None
     return OrderKey(
         record.kind,
         record.event_id,

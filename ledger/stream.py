@@ -3,14 +3,13 @@
 `yoco ledger ingest` used to hold the whole file, every parsed object and every
 canonical encoding at once (a 50 MB file peaked at 854 MB). Here a first streaming pass
 validates every line and keeps only a compact index entry per record (what
-:func:`ledger.records.causal_order` needs, the line's offset and a SHA-256 digest of the
+:func:`ledger.records.causal_order` needs, the line's offset and the leaf hash of the
 canonical bytes); :func:`read_records` then re-reads the lines of one chunk at a time,
 in the order they are appended (see :func:`ledger.ingest.ingest_file`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ledger.canonical import JsonInputError, parse_json_strict
+from ledger.merkle import leaf_hash
 from ledger.records import OrderKey, Record, RecordError, order_key
 from yoco_records.schema import _line_error, validate_record
 
@@ -30,7 +30,7 @@ MAX_ERRORS = 1000
 
 @dataclass(slots=True)
 class FileIndex:
-    """Every valid record of a file, compactly: order keys, line offsets, digests.
+    """Every valid record of a file, compactly: order keys, line offsets, leaf hashes.
 
     ``now`` is the clock the lines were validated against (re-reads use the same), and
     ``errors`` the refusals (at most :data:`MAX_ERRORS`; ``error_count`` counts all).
@@ -40,7 +40,8 @@ class FileIndex:
     now: datetime
     keys: list[OrderKey] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
-    digests: list[bytes] = field(default_factory=list)
+    #: RFC 9162 leaf hashes of the records' canonical bytes (what the journal stores).
+    leaves: list[bytes] = field(default_factory=list)
     errors: list[RecordError] = field(default_factory=list)
     error_count: int = 0
     size: int = 0
@@ -91,7 +92,7 @@ def index_file(
             record = _parse(line, number, index)
             if record is None:
                 continue
-            digest = hashlib.sha256(record.canonical).digest()
+            digest = leaf_hash(record.canonical)
             seen = first.get(record.event_id)
             if seen is not None:
                 if seen[0] != digest:
@@ -119,7 +120,7 @@ def index_file(
                 )
             )
             index.offsets.append(start)
-            index.digests.append(digest)
+            index.leaves.append(digest)
     index.size = offset
     if progress is not None:
         progress(offset)
@@ -157,7 +158,7 @@ def read_records(index: FileIndex, positions: Sequence[int], fh: BinaryIO) -> li
         line = raw.rstrip(b"\n")
         key = index.keys[p]
         record, _ = validate_record(parse_json_strict(line), line=key.line, now=index.now)
-        if record is None or hashlib.sha256(record.canonical).digest() != index.digests[p]:
+        if record is None or leaf_hash(record.canonical) != index.leaves[p]:
             raise RuntimeError(f"{index.path} changed while it was being ingested")
         out.append(record)
     return out

@@ -330,7 +330,12 @@ class _Slow(Exception):
     """The fast serialiser met something it leaves to the reference implementation."""
 
 
-def _ecma_float(value: float) -> str:
+#: A string as RFC 8785 writes it: quoted, with JSON's minimal escapes (the standard
+#: library's C encoder; the tests hold the whole encoding equal to the rfc8785 package).
+quote = _quote
+
+
+def ecma_float(value: float) -> str:
     """ECMAScript Number.prototype.toString of a finite float (RFC 8785 section 3.2.2.3).
 
     Python's ``repr`` gives the shortest round-trip digits, as ECMAScript requires; only
@@ -344,7 +349,7 @@ def _ecma_float(value: float) -> str:
         # as ECMAScript does, but for Python's ".0" on integral values.
         return text[:-2] if text.endswith(".0") else text
     if value < 0:
-        return "-" + _ecma_float(-value)
+        return "-" + ecma_float(-value)
     mantissa, _, exp = text.partition("e")
     point = mantissa.find(".")
     if point < 0:
@@ -405,7 +410,7 @@ def _jcs(obj: Any) -> str:
     if obj is False:
         return "false"
     if kind is float and math.isfinite(obj) and not _INEXACT_LOW <= abs(obj) < _INEXACT_HIGH:
-        return _ecma_float(obj)
+        return ecma_float(obj)
     raise _Slow
 
 
@@ -458,5 +463,5 @@ def decimal_of(number: int | float) -> Decimal:
         raise ValueError(f"{number} is not a finite number")
     if not _INEXACT_LOW <= abs(number) < _INEXACT_HIGH:
         # The canonical fast path's layout (held equal to rfc8785's by the tests).
-        return Decimal(_ecma_float(number))
+        return Decimal(ecma_float(number))
     return Decimal(rfc8785.dumps(number).decode("ascii"))

@@ -27,7 +27,9 @@ from yoco_records.canonical import (
     JsonInputError,
     canonical_bytes,
     decimal_of,
+    ecma_float,
     format_path,
+    quote,
 )
 
 KINDS: Final = (
@@ -589,6 +591,140 @@ def validate_record(
     records dated more than ``FUTURE_SKEW_HOURS`` after ``now`` (default: the clock).
     Does not check references to other records (see :func:`ledger.records.causal_order`).
     """
+    if type(obj) is dict and obj.get("kind") == "job_progress":
+        record = _valid_progress(obj, line, index, now)
+        if record is not None:
+            return record, []
+    return _validate_general(obj, line, index, now)
+
+
+#: The fields of a job_progress record (sorted, as its canonical bytes list them).
+_PROGRESS_FIELDS: Final = frozenset(_ALLOWED["job_progress"])
+
+
+def _valid_progress(
+    obj: dict[str, Any], line: int | None, index: int | None, now: datetime | None
+) -> Record | None:
+    """The record :func:`_validate_general` makes of a valid ``job_progress`` object, or None.
+
+    Progress records are almost every record a ledger takes, so they have this shortcut:
+    exactly the kind's fields, each of the plain type its rule wants, the same rules
+    read directly, and the canonical bytes written in the fields' sorted order. Anything
+    else (an unusual type or layout, any refusal) returns None and goes the general way,
+    which names the problem; ``tests/records/test_fast_paths.py`` holds the two equal.
+    """
+    if len(obj) != len(_PROGRESS_FIELDS):
+        return None
+    try:
+        kind = obj["kind"]
+        event_id = obj["event_id"]
+        contract_id = obj["contract_id"]
+        occurred = obj["occurred_at"]
+        job_id = obj["job_id"]
+        step = obj["step"]
+        seconds = obj["step_seconds"]
+    except KeyError:
+        return None
+    if not (
+        type(kind) is str
+        and kind == "job_progress"
+        and type(event_id) is str
+        and type(contract_id) is str
+        and type(occurred) is str
+        and type(job_id) is str
+        and type(step) is int
+        and 0 <= step <= MAX_SAFE_INTEGER
+    ):
+        return None
+    # step_seconds: a number > 0, at most SECONDS_MAX, kept as its canonical decimal.
+    if type(seconds) is int:
+        if not 0 < seconds <= SECONDS_MAX:
+            return None
+        amount = Decimal(seconds)
+        seconds_text = int.__repr__(seconds)
+    elif type(seconds) is float and 0 < seconds <= SECONDS_MAX:
+        # Far below 2**53: its canonical text is the ECMAScript layout of its shortest
+        # digits, which lie on the same side of 0 and of SECONDS_MAX as the float.
+        seconds_text = ecma_float(seconds)
+        amount = Decimal(seconds_text)
+    else:
+        return None
+    # event_id (_event_id): a hyphenated UUID of random version 4 (so not the nil UUID),
+    # kept lowercase.
+    if _UUID.fullmatch(event_id) is None:
+        return None
+    eid = event_id.lower()
+    if eid[14] != "4" or eid[19] not in "89ab":
+        return None
+    # contract_id, job_id (_id_string).
+    for name in (contract_id, job_id):
+        if not name.strip() or len(name) > ID_MAX_LEN or _CONTROL.search(name):
+            return None
+    when = _common_time(occurred, now)
+    if when is None:
+        return None
+    try:
+        canonical = (
+            '{"contract_id":' + quote(contract_id)
+            + ',"event_id":' + quote(event_id)
+            + ',"job_id":' + quote(job_id)
+            + ',"kind":"job_progress","occurred_at":' + quote(occurred)
+            + ',"step":' + int.__repr__(step)
+            + ',"step_seconds":' + seconds_text + "}"
+        ).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return None
+    record = _new_record(Record)
+    # Record's own __init__ sets its nine fields one object.__setattr__ call at a time (it
+    # is frozen); the same fields set at once make an equal record (the tests compare).
+    record.__dict__.update(
+        kind="job_progress",
+        event_id=eid,
+        contract_id=contract_id,
+        occurred_at=when,
+        data=JobProgress(job_id, step, amount),
+        body=obj,
+        canonical=canonical,
+        line=line,
+        index=index,
+    )
+    return record
+
+
+_new_record = object.__new__
+
+
+def _common_time(value: str, now: datetime | None) -> datetime | None:
+    """What :func:`_timestamp` accepts ``value`` as, for its usual layout, else None.
+
+    The layout of :data:`_TIMESTAMP` with a ``Z`` or ``±HH:MM`` offset, read by
+    ``datetime.fromisoformat`` (a tenth of the time of building the datetime from its
+    parts); the same bounds. Anything else returns None (the general check decides).
+    """
+    m = _TIMESTAMP.fullmatch(value)
+    # datetime() refuses hour 24 and second 60; say so here whatever fromisoformat takes.
+    if m is None or m["h"] > "23" or m["s"] > "59":
+        return None
+    tz = m["tz"]
+    if tz is None or tz == "z":
+        return None
+    if tz != "Z":
+        minutes = int(m["om"])
+        if minutes > 59 or int(m["oh"]) * 60 + minutes > OFFSET_MAX_MINUTES:
+            return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when < EARLIEST or when > (now if now is not None else datetime.now(UTC)) + FUTURE_SKEW:
+        return None
+    return when
+
+
+def _validate_general(
+    obj: Any, line: int | None, index: int | None, now: datetime | None
+) -> tuple[Record | None, list[RecordError]]:
+    """:func:`validate_record` for any object: every rule, every error."""
     ctx = _Ctx(line, index, now)
     if not isinstance(obj, dict):
         ctx.fail("", f"record must be a JSON object, not {_json_type(obj)}")

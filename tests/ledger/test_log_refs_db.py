@@ -85,9 +85,9 @@ def _setup_contract(engine, cid: str = "C-1") -> None:
 def _journal_row(log_id: str, seq: int) -> tuple[object, ...]:
     canonical = b'{"kind":"x","n":%d}' % seq
     return (
-        log_id,
         seq,
         uuid.uuid4(),
+        log_id,
         "x",
         log_id,
         None,
