@@ -23,6 +23,7 @@ CUDA/NCCL: not run here (no GPU); see docs/benchmarks-runtime.md for the one com
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -34,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.runtime_bench import env, gloo_bandwidth, load, new_store, tcp_bandwidth
+from runtime import protocol as P
 from runtime.faults import parse_fault
 from runtime.sink import JsonlFileSink
 from runtime.supervisor import LaunchConfig, launch
@@ -55,16 +57,19 @@ WORKERS, SHARDS = 4, 2
 
 
 def run_runtime(tmp: Path, name: str, steps: int, warmup: int, spares: int,
-                faults: list[str] | None = None,
-                model: list[str] | None = None) -> tuple[float, object]:
-    """Mean steady step time (rank 0) of the example under the runtime, and the result."""
+                faults: list[str] | None = None, model: list[str] | None = None,
+                timeline: Path | None = None) -> tuple[float, object]:
+    """Mean steady step time (rank 0) of the example under the runtime, and the result.
+    ``timeline``: a directory where every worker stamps its recovery events."""
     tf = tmp / f"{name}.time"
+    extra = {P.ENV_TIMELINE: str(timeline)} if timeline is not None else {}
     cfg = LaunchConfig(script=GPT, args=[*(model or MODEL), "--fsdp", "--steps", str(steps),
                                          "--warmup-timing", str(warmup), "--time-file",
                                          str(tf), "--log-every", "0"],
                        workers=WORKERS, shards=SHARDS, spares=spares, job_id=name,
                        runs_root=str(tmp), nvml=False, progress_interval_s=5,
-                       faults=[parse_fault(f) for f in faults or []], env=dict(env()))
+                       faults=[parse_fault(f) for f in faults or []],
+                       env={**env(), **extra})
     result = launch(cfg, JsonlFileSink(tmp / f"{name}.jsonl"))
     assert result.exit_code == 0, result
     return float(tf.read_text()), result
@@ -150,6 +155,49 @@ def throughput(tmp: Path, reps: int) -> None:
               f"{med['fsdp2'] / med['torchft']:.3f}")
 
 
+def timeline_phases(directory: Path, killed_at: float) -> dict[str, float]:
+    """The recovery's phases from every worker's timeline (``YOCO_TIMELINE``), in seconds
+    after the SIGKILL: when the last survivor saw its step abandoned and left the loop
+    body, when the last member had the new groups, had synced (the commit vote and the
+    transfer's first part), had the whole state in, began and committed the first step;
+    the first step's duration against the median steady step."""
+    ev: dict[str, list[dict[str, float]]] = {}
+    for f in directory.glob("*.jsonl"):
+        ev[f.stem] = [json.loads(ln) for ln in f.read_text().splitlines()]
+    after = {s: [e for e in es if e["t"] >= killed_at] for s, es in ev.items()}
+    gen = min(e["gen"] for es in after.values() for e in es if e["ev"] == "groups")
+    members = [s for s, es in after.items()
+               if any(e["ev"] == "groups" and e["gen"] == gen for e in es)]
+    survivors = [s for s in members
+                 if any(e["ev"] == "commit" and e["t"] < killed_at for e in ev[s])]
+
+    def first(slot: str, name: str, g: int | None = None) -> float:
+        return min((e["t"] - killed_at for e in after[slot] if e["ev"] == name
+                    and (g is None or e["gen"] == g)), default=float("nan"))
+
+    def last(name: str, slots: list[str], g: int | None = None) -> float:
+        return max(first(s, name, g) for s in slots)
+
+    steady = [b["t"] - a["t"] for s in survivors for a, b in
+              zip([e for e in ev[s] if e["ev"] == "commit" and e["t"] < killed_at][4:],
+                  [e for e in ev[s] if e["ev"] == "commit" and e["t"] < killed_at][5:],
+                  strict=False)]
+    out = {
+        "abandoned": max(min(first(s, "abandoned"), first(s, "void")) for s in survivors),
+        "out of body": last("join", survivors),
+        "groups": last("groups", members, gen),
+        "synced": last("synced", members, gen),
+        "state in": max(max(first(s, "synced", gen), first(s, "transfer_done"))
+                        if first(s, "transfer_done") == first(s, "transfer_done")
+                        else first(s, "synced", gen) for s in members),
+        "first step begins": last("step", members, gen),
+        "first commit": last("commit", members, gen),
+        "steady step": statistics.median(steady) if steady else float("nan"),
+    }
+    out["first step"] = out["first commit"] - out["first step begins"]
+    return out
+
+
 def recovery(tmp: Path, reps: int, models: list[str], phases: list[str]) -> None:
     """One lost rank: SIGKILL -> first completed step, and the stall (that minus one
     steady step, design §6), vs shard bytes / loopback bandwidth; killed at the step's
@@ -170,8 +218,10 @@ def recovery_of(tmp: Path, reps: int, label: str, model: list[str], phase: str) 
           f"SIGKILLed in step 15, phase {phase}; {reps} runs; {load()}", flush=True)
     for i in range(reps):
         name = f"rec-{label}-{phase}{i}"  # its own records file: the sink appends
+        tl = tmp / f"{name}.timeline"
+        tl.mkdir()
         _, result = run_runtime(tmp, name, steps=30, warmup=5, spares=1, model=model,
-                                faults=[f"kill:rank=2:step=15:phase={phase}"])
+                                faults=[f"kill:rank=2:step=15:phase={phase}"], timeline=tl)
         rec = result.recoveries[0]  # type: ignore[attr-defined]
         outcome = next(r for r in JsonlFileSink(tmp / f"{name}.jsonl").read_all()
                        if r["kind"] == "outcome")
@@ -194,6 +244,9 @@ def recovery_of(tmp: Path, reps: int, label: str, model: list[str], phase: str) 
               + f" | steady step {steady * 1e3:.0f} ms, stall {(total - steady) * 1e3:.0f} ms "
               f"= {(total - steady) / bound:.2f} x bound | {rec['outcome']}, lost "
               f"{rec['lost_steps']}; {load()}", flush=True)
+        ph = timeline_phases(tl, rec["killed_at"])
+        print("[hsdp recovery]     timeline, ms after the SIGKILL (last of the ranks): "
+              + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items()), flush=True)
         shutil.rmtree(tmp / name, ignore_errors=True)
     print(f"[hsdp recovery] {label}/{phase}: median total {statistics.median(totals):.1f} x "
           f"bound, median stall {statistics.median(stalls):.2f} x bound (goal <= 1.5)",

@@ -140,6 +140,7 @@ class StateTransfer:
         if plan.mode == P.PlanMode.START:
             holds[me] = 1.0 if me < plan.shards else 0.0  # replica group 0 (HSDP: each shard)
         self.m.wait(self.m.cpu_pg.allreduce([holds]), phase=P.Phase.SYNC)
+        self.m.event("vote")
         committed = int(holds.max().item()) - 1
         if committed < 0:
             self.m.collective_failed(P.Phase.SYNC,
@@ -186,6 +187,7 @@ class StateTransfer:
         # The sends finish while this replica runs its next forward/backward (which does
         # not touch the state); the optimizer step waits for them (complete()).
         self.inflight = Inflight(pending, None)
+        self.m.event("sends_posted")
         return moved
 
     def _recv(self, gen: int, src: int) -> int:
@@ -196,6 +198,7 @@ class StateTransfer:
             self.m.beat(since)
             time.sleep(self.m.poll_interval_s)
         skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
+        self.m.event("skeleton")
         self.incomplete = True
         tensor_refs = refs(skel)
         own_model = self.model.state_dict()
@@ -227,8 +230,10 @@ class StateTransfer:
                 pg = self.m.pg if t.device.type != "cpu" else self.m.cpu_pg
                 (later if ref.path[0] == "optimizer" else first).append(
                     pg.recv([t], src, 1 + ref.index))
+        self.m.event("recvs_posted")
         for w in first:
             self.m.wait(w, phase=P.Phase.SYNC)
+        self.m.event("model_in")
         for ref, t in zip(small, unpack(packed, small), strict=True):
             if ref.index in live:
                 dest[ref.index].copy_(t)
