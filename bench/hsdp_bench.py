@@ -23,6 +23,7 @@ CUDA/NCCL: not run here (no GPU); see docs/benchmarks-runtime.md for the one com
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -157,42 +158,48 @@ def throughput(tmp: Path, reps: int) -> None:
 
 def timeline_phases(directory: Path, killed_at: float) -> dict[str, float]:
     """The recovery's phases from every worker's timeline (``YOCO_TIMELINE``), in seconds
-    after the SIGKILL: when the last survivor saw its step abandoned and left the loop
-    body, when the last member had the new groups, had synced (the commit vote and the
-    transfer's first part), had the whole state in, began and committed the first step;
-    the first step's duration against the median steady step."""
+    after the SIGKILL, each the last rank's: the survivors saw their step abandoned and
+    left the loop body; the members had the new groups, had synced (the commit vote and
+    the transfer's first part: the skeleton, the small tensors and the model shard), had
+    the whole state in (the optimizer state arrives during the first step's
+    forward/backward), began and committed the first step. ``steady step``: the median
+    step of the survivors before the kill (steps 3 on: the first ones are cold), and
+    ``first step``: that first step's duration (from its last rank's start)."""
     ev: dict[str, list[dict[str, float]]] = {}
     for f in directory.glob("*.jsonl"):
         ev[f.stem] = [json.loads(ln) for ln in f.read_text().splitlines()]
     after = {s: [e for e in es if e["t"] >= killed_at] for s, es in ev.items()}
-    gen = min(e["gen"] for es in after.values() for e in es if e["ev"] == "groups")
+    gen = int(min(e["gen"] for es in after.values() for e in es if e["ev"] == "groups"))
     members = [s for s, es in after.items()
                if any(e["ev"] == "groups" and e["gen"] == gen for e in es)]
     survivors = [s for s in members
                  if any(e["ev"] == "commit" and e["t"] < killed_at for e in ev[s])]
+    nan = float("nan")
 
     def first(slot: str, name: str, g: int | None = None) -> float:
         return min((e["t"] - killed_at for e in after[slot] if e["ev"] == name
-                    and (g is None or e["gen"] == g)), default=float("nan"))
+                    and (g is None or e["gen"] == g)), default=nan)
 
     def last(name: str, slots: list[str], g: int | None = None) -> float:
         return max(first(s, name, g) for s in slots)
 
-    steady = [b["t"] - a["t"] for s in survivors for a, b in
-              zip([e for e in ev[s] if e["ev"] == "commit" and e["t"] < killed_at][4:],
-                  [e for e in ev[s] if e["ev"] == "commit" and e["t"] < killed_at][5:],
-                  strict=False)]
+    def state_in(slot: str) -> float:
+        done = first(slot, "transfer_done")
+        return max(first(slot, "synced", gen), done if done == done else -1.0)
+
+    steady = []
+    for s in survivors:
+        commits = [e["t"] for e in ev[s] if e["ev"] == "commit" and e["t"] < killed_at]
+        steady += [b - a for a, b in itertools.pairwise(commits[3:])]
     out = {
         "abandoned": max(min(first(s, "abandoned"), first(s, "void")) for s in survivors),
         "out of body": last("join", survivors),
         "groups": last("groups", members, gen),
         "synced": last("synced", members, gen),
-        "state in": max(max(first(s, "synced", gen), first(s, "transfer_done"))
-                        if first(s, "transfer_done") == first(s, "transfer_done")
-                        else first(s, "synced", gen) for s in members),
+        "state in": max(state_in(s) for s in members),
         "first step begins": last("step", members, gen),
         "first commit": last("commit", members, gen),
-        "steady step": statistics.median(steady) if steady else float("nan"),
+        "steady step": statistics.median(steady) if steady else nan,
     }
     out["first step"] = out["first commit"] - out["first step begins"]
     return out
@@ -200,56 +207,73 @@ def timeline_phases(directory: Path, killed_at: float) -> dict[str, float]:
 
 def recovery(tmp: Path, reps: int, models: list[str], phases: list[str]) -> None:
     """One lost rank: SIGKILL -> first completed step, and the stall (that minus one
-    steady step, design §6), vs shard bytes / loopback bandwidth; killed at the step's
-    end (the cross-group reduction launched, as the DDP benchmark kills) and mid-step
-    (FSDP2's backward)."""
+    steady step, design §6), vs shard bytes / loopback bandwidth; killed mid-step
+    (FSDP2's backward) and at the step's end (the cross-group reduction launched, as the
+    DDP benchmark kills)."""
     for label in models:
         model = BIG if label == "big" else MODEL
         for phase in phases:
             recovery_of(tmp, reps, label, model, phase)
 
 
+def _quartiles(xs: list[float]) -> str:
+    if len(xs) < 4:
+        return "n/a"
+    q = statistics.quantiles(xs, n=4)
+    return f"{q[0]:.2f}-{q[2]:.2f}"
+
+
 def recovery_of(tmp: Path, reps: int, label: str, model: list[str], phase: str) -> None:
-    """``reps`` runs of one model and kill phase; prints each run and the medians."""
-    totals: list[float] = []
-    stalls: list[float] = []
+    """``reps`` runs of one model and kill phase; prints each run, its timeline and the
+    medians (with the interquartile range of the ratios)."""
+    kill = 10 if label == "big" else 15
+    steps = kill + 6
+    rows: list[dict[str, float]] = []
     print(f"[hsdp recovery] {label} model {' '.join(model)}; {WORKERS} ranks = "
           f"{WORKERS // SHARDS} x {SHARDS} + 1 spare; rank 2 (replica group 1, shard 0) "
-          f"SIGKILLed in step 15, phase {phase}; {reps} runs; {load()}", flush=True)
+          f"SIGKILLed in step {kill} of {steps}, phase {phase}; {reps} runs; {load()}",
+          flush=True)
     for i in range(reps):
         name = f"rec-{label}-{phase}{i}"  # its own records file: the sink appends
         tl = tmp / f"{name}.timeline"
         tl.mkdir()
-        _, result = run_runtime(tmp, name, steps=30, warmup=5, spares=1, model=model,
-                                faults=[f"kill:rank=2:step=15:phase={phase}"], timeline=tl)
+        _, result = run_runtime(tmp, name, steps=steps, warmup=3, spares=1, model=model,
+                                faults=[f"kill:rank=2:step={kill}:phase={phase}"],
+                                timeline=tl)
         rec = result.recoveries[0]  # type: ignore[attr-defined]
-        outcome = next(r for r in JsonlFileSink(tmp / f"{name}.jsonl").read_all()
-                       if r["kind"] == "outcome")
-        steady = float(outcome["step_seconds"])  # mean step time before the failure
+        ph = timeline_phases(tl, rec["killed_at"])
+        steady = ph["steady step"]
         moved = int(rec["bytes"])
         bw = max(tcp_bandwidth(moved), gloo_bandwidth(moved))
         bound = moved / bw
         total = rec["first_step"] - rec["killed_at"]
-        totals.append(total / bound)
-        stalls.append((total - steady) / bound)
-        parts = {"detection": rec["detected"] - rec["killed_at"],
-                 "regroup": rec["pg"] - rec["detected"],
-                 "transfer": rec.get("transferred", rec["synced"]) - rec["pg"],
-                 "rest of first step": rec["first_step"]
-                 - rec.get("transferred", rec["synced"])}
+        row = {"bound": bound, "total": total, "stall": total - steady, "steady": steady,
+               "detection": rec["detected"] - rec["killed_at"], **ph}
+        rows.append(row)
         print(f"[hsdp recovery]   run {i}: shard moved {moved / 1e6:.1f} MB, loopback "
               f"{bw / 2**30:.2f} GiB/s -> bound {bound * 1e3:.0f} ms; SIGKILL -> first "
-              f"step {total * 1e3:.0f} ms = {total / bound:.1f} x bound | "
-              + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts.items())
-              + f" | steady step {steady * 1e3:.0f} ms, stall {(total - steady) * 1e3:.0f} ms "
-              f"= {(total - steady) / bound:.2f} x bound | {rec['outcome']}, lost "
+              f"step {total * 1e3:.0f} ms = {total / bound:.1f} x bound; steady step "
+              f"{steady * 1e3:.0f} ms; stall {(total - steady) * 1e3:.0f} ms = "
+              f"{(total - steady) / bound:.2f} x bound | {rec['outcome']}, lost "
               f"{rec['lost_steps']}; {load()}", flush=True)
-        ph = timeline_phases(tl, rec["killed_at"])
-        print("[hsdp recovery]     timeline, ms after the SIGKILL (last of the ranks): "
+        print("[hsdp recovery]     ms after the SIGKILL: detection "
+              f"{row['detection'] * 1e3:.0f}, "
               + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items()), flush=True)
         shutil.rmtree(tmp / name, ignore_errors=True)
-    print(f"[hsdp recovery] {label}/{phase}: median total {statistics.median(totals):.1f} x "
-          f"bound, median stall {statistics.median(stalls):.2f} x bound (goal <= 1.5)",
+        shutil.rmtree(tl, ignore_errors=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    ratios = [r["stall"] / r["bound"] for r in rows]
+    print(f"[hsdp recovery] {label}/{phase}: {reps} runs; medians: bound "
+          f"{med['bound'] * 1e3:.0f} ms, steady step {med['steady'] * 1e3:.0f} ms, SIGKILL -> "
+          f"first step {med['total'] * 1e3:.0f} ms, stall {med['stall'] * 1e3:.0f} ms; "
+          f"stall / bound median {statistics.median(ratios):.2f} (quartiles "
+          f"{_quartiles(ratios)}; runs {[round(x, 2) for x in ratios]}) -- goal <= 3 "
+          f"(issue 14), <= 1.5 (design §6); {load()}", flush=True)
+    print(f"[hsdp recovery] {label}/{phase}: median phases, ms after the SIGKILL: "
+          + ", ".join(f"{k} {med[k] * 1e3:.0f}" for k in
+                      ("detection", "abandoned", "out of body", "groups", "synced",
+                       "state in", "first step begins", "first commit"))
+          + f"; first step {med['first step'] * 1e3:.0f} vs steady {med['steady'] * 1e3:.0f}",
           flush=True)
 
 
@@ -262,7 +286,7 @@ def main() -> None:
     ap.add_argument("--models", default="small",
                     help="recovery: comma-separated small (the throughput model), big "
                          "(a ~170 MB shard)")
-    ap.add_argument("--phases", default="reduce,backward",
+    ap.add_argument("--phases", default="backward,reduce",
                     help="recovery: where the rank is killed (reduce: the step's end; "
                          "backward: mid-step)")
     args = ap.parse_args()
