@@ -196,14 +196,17 @@ class Membership:
 
     # ----------------------------------------------------------------- groups
     def form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg",
-                    subgroups: tuple[tuple[str, str, int, int], ...] = ()) -> None:
+                    subgroups: tuple[tuple[str, str, int, int], ...] = (),
+                    meanwhile: Callable[[], None] | None = None) -> None:
         """Build this generation's group(s) on a fresh prefix, watching for a newer gen.
 
         ``subgroups``: further groups ``(key, name, rank, size)`` among some of the
         members (HSDP: this rank's replicate and shard groups), each on the prefix
         ``g{gen}/{name}/``: a gloo group there, in ``sub_cpu[key]``, and ``sub[key]`` for
         the device's tensors -- on CUDA an NCCL group on ``g{gen}/{name}/nccl/`` (FSDP2's
-        collectives and the gradient reduction), else the gloo group itself."""
+        collectives and the gradient reduction), else the gloo group itself.
+        ``meanwhile`` runs on this thread while the groups rendezvous (on their own
+        threads, waiting in C++)."""
         result: dict[str, Any] = {}
         stores: list[Any] = []
         timeout = timedelta(seconds=self.collective_timeout_s)
@@ -256,6 +259,8 @@ class Membership:
                    for job in jobs]
         for thread in threads:
             thread.start()
+        if meanwhile is not None:
+            meanwhile()
         deadline = time.monotonic() + self.regroup_timeout_s
         self.gen = gen  # so that check_generation compares against the new generation
         since = time.monotonic()

@@ -75,6 +75,53 @@ class Inflight:
         threading.Thread(target=run, name="yoco-transfer", daemon=True).start()
 
 
+def _assignment(plan: P.Plan, holds: list[int]) -> tuple[list[int], dict[int, int]]:
+    """Who sends to whom, from each participant's vote (its committed step + 1, 0: none):
+    the participants that hold the highest committed step which stay members (a donor
+    only if it is the only holder), and each member lacking it -> the holder it receives
+    from (HSDP: a holder of its own shard: member p holds shard p % shards). Raises
+    :class:`CollectiveError` when no one holds the state or a shard of it."""
+    committed = max(holds) - 1
+    if committed < 0:
+        raise CollectiveError("no participant holds the state")
+    sources = [r for r, h in enumerate(holds) if h - 1 == committed]
+    # Donors only send: receivers are the members that lack the committed state.
+    receivers = [r for r in range(len(plan.members)) if r not in sources]
+    # Prefer staying members as sources; a donor only sends if it is the only one.
+    staying = [s for s in sources if s < len(plan.members)] or sources
+    assign: dict[int, int] = {}
+    for i, r in enumerate(receivers):
+        same = [s for s in staying if s % plan.shards == r % plan.shards]
+        if not same:
+            raise CollectiveError(f"no participant holds shard {r % plan.shards} at step "
+                                  f"{committed}")
+        assign[r] = same[i % len(same)]
+    return staying, assign
+
+
+class _Prepared:
+    """What a sender sends, built once (:meth:`StateTransfer.speculate`)."""
+
+    def __init__(self, gen: int) -> None:
+        self.gen = gen
+        self.error: BaseException | None = None
+        self.skeleton = b""
+        self.tensors: list[torch.Tensor] = []
+        self.small: list[int] = []
+        self.large: list[int] = []
+        self.packed = torch.zeros(0, dtype=torch.uint8)
+
+    def build(self, state_dict: Callable[[], dict[str, Any]]) -> None:
+        """Split the state, pickle its skeleton, pack its small tensors."""
+        try:
+            skel, self.tensors = split_state(state_dict())
+            self.skeleton = pickle.dumps(skel)
+            self.small, self.large = partition(self.tensors)
+            self.packed = pack([self.tensors[i] for i in self.small])
+        except Exception as exc:  # built again, and raised, by the sync that needs it
+            self.error = exc
+
+
 class StateTransfer:
     """Sends and receives one replica's full state (see the module docstring)."""
 
@@ -98,6 +145,7 @@ class StateTransfer:
         # Completed before the optimizer step.
         self.inflight: Inflight | None = None
         self.incomplete = False  # a receive began and its state is not all in
+        self._spec: _Prepared | None = None  # built ahead by speculate()
 
     # ----------------------------------------------------------------- buffers
     def preallocate(self) -> None:
@@ -141,26 +189,10 @@ class StateTransfer:
             holds[me] = 1.0 if me < plan.shards else 0.0  # replica group 0 (HSDP: each shard)
         self.m.wait(self.m.cpu_pg.allreduce([holds]), phase=P.Phase.SYNC)
         self.m.event("vote")
-        committed = int(holds.max().item()) - 1
-        if committed < 0:
-            self.m.collective_failed(P.Phase.SYNC,
-                                     CollectiveError("no participant holds the state"))
-        sources = [r for r in range(len(participants)) if int(holds[r]) - 1 == committed]
-        # Donors only send: receivers are the members that lack the committed state.
-        receivers = [r for r in range(len(plan.members)) if r not in sources]
-        if not receivers:
-            return 0
-        # Prefer staying members as sources; a donor only sends if it is the only one.
-        staying = [s for s in sources if s < len(plan.members)] or sources
-        # HSDP: a member's state is its shard's; it comes from a holder of the same shard
-        # (member p holds shard p % shards) in another replica group.
-        assign: dict[int, int] = {}
-        for i, r in enumerate(receivers):
-            same = [s for s in staying if s % plan.shards == r % plan.shards]
-            if not same:
-                self.m.collective_failed(P.Phase.SYNC, CollectiveError(
-                    f"no participant holds shard {r % plan.shards} at step {committed}"))
-            assign[r] = same[i % len(same)]
+        try:
+            staying, assign = _assignment(plan, [int(h) for h in holds.tolist()])
+        except CollectiveError as exc:
+            self.m.collective_failed(P.Phase.SYNC, exc)
         if me in staying:
             mine = [r for r, s in assign.items() if s == me]
             return self._send(plan.gen, me, mine) if mine else 0
@@ -168,11 +200,56 @@ class StateTransfer:
             return self._recv(plan.gen, assign[me])
         return 0
 
+    def speculate(self, plan: P.Plan, *, previous: list[str],
+                  has_state: bool) -> Callable[[], None] | None:
+        """If this process will most likely send in ``plan``'s generation (the commit
+        vote as it comes out when every member of the ``previous`` generation holds the
+        same step, and this one is then a source for a newcomer), return a function that
+        builds what it sends -- the state's skeleton, pickled, its tensors and the packed
+        small ones -- for :meth:`sync` to use; the caller runs it while the groups form
+        (:meth:`Membership.form_groups`'s ``meanwhile``). None: nothing to build.
+
+        Why: built after the vote it took 10-30 ms on the recovery's critical path on
+        this 2-core machine (a few ms of work, but the other members start their first
+        step's compute right after the vote and take the CPU), while during the regroup
+        this process only waits on the rendezvous (its group threads wait in C++). The
+        state cannot change in between: nothing trains or loads between the plan and the
+        send (a receiver never sends in the same sync); a prediction that does not come
+        true is dropped unused."""
+        self._spec = None
+        if not has_state or self.incomplete or plan.mode != P.PlanMode.LIVE:
+            return None
+        participants = plan.members + plan.donors
+        me = participants.index(self.m.slot)
+        guess = [1 if s in previous else 0 for s in participants]
+        try:
+            staying, assign = _assignment(plan, guess)
+        except CollectiveError:
+            return None
+        if me not in staying or me not in assign.values():
+            return None
+        spec = _Prepared(plan.gen)
+
+        def build() -> None:
+            spec.build(self._state_dict)
+            self._spec = spec
+
+        return build
+
+    def _prepared(self, gen: int) -> _Prepared:
+        spec = self._spec
+        self._spec = None
+        if spec is None or spec.gen != gen or spec.error is not None:
+            spec = _Prepared(gen)
+            spec.build(self._state_dict)
+            if spec.error is not None:
+                raise spec.error
+        return spec
+
     def _send(self, gen: int, me: int, dsts: list[int]) -> int:
-        skel, tensors = split_state(self._state_dict())
-        self.m.store.set(P.skeleton_key(gen, me), pickle.dumps(skel))  # type: ignore[arg-type]
-        small, large = partition(tensors)
-        packed = pack([tensors[i] for i in small])
+        prep = self._prepared(gen)
+        self.m.store.set(P.skeleton_key(gen, me), prep.skeleton)  # type: ignore[arg-type]
+        tensors, large, packed = prep.tensors, prep.large, prep.packed
         moved = 0
         pending: list[Any] = []
         for dst in dsts:
