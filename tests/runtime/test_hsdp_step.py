@@ -162,11 +162,15 @@ def _same(a: nn.Module, oa: torch.optim.Optimizer, b: nn.Module,
             assert torch.equal(_plain(sa[i][k]), _plain(sb[i][k])), (i, k)
 
 
-def test_a_backward_of_an_abandoned_step_ends_at_its_next_collective() -> None:
-    # The membership changes while the backward pass is at the last block (a peer died):
-    # the pass ends at that block's reduce-scatter -- the first block's gradient is never
-    # computed -- backward() returns normally, FSDP2 is back at rest, and the step run
-    # again from the same state ends bit-identical to a run that never had the void one.
+@pytest.mark.parametrize("how", ["collective", "generation"])
+def test_a_backward_of_an_abandoned_step_ends_early(how: str) -> None:
+    # The step becomes void while the backward pass is at the last block: a collective
+    # found a peer gone (``collective``), or -- this rank's own collectives all fine --
+    # a newer generation is published (``generation``: a death in the other replica
+    # group). The pass ends at the next gradient hook or collective -- the first block's
+    # gradient is never computed -- backward() returns normally, FSDP2 is back at rest,
+    # and the step run again from the same state ends bit-identical to a run that never
+    # had the void one.
     x = torch.randint(0, 30, (4, 16))
     ref, ref_opt = _adamw_gpt(_mesh_of_two()[0])
     for _ in range(2):
@@ -181,17 +185,44 @@ def test_a_backward_of_an_abandoned_step_ends_at_its_next_collective() -> None:
     _loss(model, x).backward()
     opt.step()
 
-    def abandon_here(_: nn.Module, __: Any, out: torch.Tensor) -> None:
-        out.register_hook(lambda g: setattr(group, "abandoned", GenerationChanged(1)))
+    published: list[int] = []
 
-    handle = model.blocks[1].register_forward_hook(abandon_here)
+    def checker() -> None:  # Membership.check_generation, a newer generation published
+        if published:
+            raise GenerationChanged(published[0])
+
+    group.checker = checker
+
+    def void(_: torch.Tensor) -> None:
+        if how == "collective":
+            group.abandoned = GenerationChanged(1)
+        else:
+            published.append(1)
+
+    def abandon_here(_: nn.Module, __: Any, out: torch.Tensor) -> None:
+        out.register_hook(void)
+
+    reached: list[str] = []
+
+    def note_fc(_: nn.Module, __: Any, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: reached.append("fc"))
+
+    handles = [model.blocks[1].register_forward_hook(abandon_here),
+               model.blocks[1].fc.register_forward_hook(note_fc)]
     opt.zero_grad(set_to_none=True)
     _loss(model, x).backward()  # returns: the pass was cut short, not failed
-    handle.remove()
+    for h in handles:
+        h.remove()
     assert cut == [1]
-    assert all(p.grad is None for p in model.blocks[0].parameters())  # never reached
+    # It ended at the first leaf of that block (its output projection's gradient hook),
+    # not at the block's collective: the MLP's first layer's gradient was never reached,
+    # nor the first block.
+    assert reached == []
+    assert all(p.grad is None for p in model.blocks[0].parameters())
     assert _fsdp_idle(model)
+    assert group.abandoned is not None
     group.abandoned = None  # the new generation: the step runs again
+    published.clear()
     opt.zero_grad(set_to_none=True)
     _loss(model, x).backward()
     opt.step()
