@@ -182,7 +182,6 @@ class Job:
                     shard=(self._elastic.rank(), self.shards) if self._elastic is not None
                     and self.shards > 1 else None, model=model, optimizer=optimizer)
         self._was_member = False
-        self._members: list[str] = []  # of the last generation this process was a member of
         self._warmed = False
         self._move_seen = False
         self._sampler_snapshot: Any = None
@@ -563,9 +562,10 @@ class Job:
                 self._warm_up()  # a spare: once, before it is called in
                 min_gen = gen + 1
                 continue
-            # A likely sender builds what it sends while the groups form (see speculate).
+            # A likely sender builds what it sends, a likely receiver lays out where it
+            # lands, while the groups form (see StateTransfer.speculate).
             prepare = self._transfer.speculate(
-                plan, previous=self._members,
+                plan, previous=m.plan(gen - 1).members if gen > 0 else [],
                 has_state=self._was_member or self.slot in plan.donors)
             try:
                 m.form_groups(gen, participants.index(self.slot), len(participants),
@@ -587,7 +587,6 @@ class Job:
                 self._complete_transfer()
                 self._leave()
             self._was_member = True
-            self._members = list(plan.members)
             self._transfer.release_buffers()  # whatever the transfer did not use
             self.rank = plan.members.index(self.slot)
             self.world_size = len(plan.members)

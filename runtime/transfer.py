@@ -105,6 +105,7 @@ class _Prepared:
     def __init__(self, gen: int) -> None:
         self.gen = gen
         self.error: BaseException | None = None
+        self.published = False  # its skeleton is in the store already
         self.skeleton = b""
         self.tensors: list[torch.Tensor] = []
         self.small: list[int] = []
@@ -120,6 +121,22 @@ class _Prepared:
             self.packed = pack([self.tensors[i] for i in self.small])
         except Exception as exc:  # built again, and raised, by the sync that needs it
             self.error = exc
+
+
+class _Destination:
+    """The receiving side of a transfer from participant ``src`` in generation ``gen``,
+    laid out from the sender's skeleton (:meth:`StateTransfer._layout`)."""
+
+    def __init__(self, gen: int, src: int, skel: Any) -> None:
+        self.gen = gen
+        self.src = src
+        self.skel = skel
+        self.refs = refs(skel)
+        self.dest: list[torch.Tensor] = []
+        self.live: set[int] = set()  # indices received straight into live model tensors
+        self.small: list[Any] = []
+        self.packed = torch.zeros(0, dtype=torch.uint8)
+        self.in_place = False
 
 
 class StateTransfer:
@@ -146,6 +163,7 @@ class StateTransfer:
         self.inflight: Inflight | None = None
         self.incomplete = False  # a receive began and its state is not all in
         self._spec: _Prepared | None = None  # built ahead by speculate()
+        self._rspec: _Destination | None = None  # laid out ahead by speculate()
 
     # ----------------------------------------------------------------- buffers
     def preallocate(self) -> None:
@@ -217,7 +235,8 @@ class StateTransfer:
         send (a receiver never sends in the same sync); a prediction that does not come
         true is dropped unused."""
         self._spec = None
-        if not has_state or self.incomplete or plan.mode != P.PlanMode.LIVE:
+        self._rspec = None
+        if plan.mode != P.PlanMode.LIVE:
             return None
         participants = plan.members + plan.donors
         me = participants.index(self.m.slot)
@@ -226,15 +245,40 @@ class StateTransfer:
             staying, assign = _assignment(plan, guess)
         except CollectiveError:
             return None
-        if me not in staying or me not in assign.values():
+        if me in assign and not has_state:
+            return lambda: self._lay_out_ahead(plan.gen, assign[me])
+        if not has_state or self.incomplete or me not in staying \
+                or me not in assign.values():
             return None
         spec = _Prepared(plan.gen)
 
         def build() -> None:
             spec.build(self._state_dict)
+            if spec.error is None:
+                spec.published = True
+                # Published now: a receiver lays out its buffers while the groups form.
+                # The key is the one the send would set, to the same bytes (the state
+                # cannot change before it); if the vote does not make this process a
+                # source, no receiver is told to read it.
+                self.m.store.set(P.skeleton_key(plan.gen, me),
+                                 spec.skeleton)  # type: ignore[arg-type]
             self._spec = spec
 
         return build
+
+    def _lay_out_ahead(self, gen: int, src: int) -> None:
+        """A likely receiver, while its groups form: wait (a bounded time, watching the
+        generation) for the likely sender's skeleton and lay out where each tensor will
+        land (:meth:`_layout`), so that after the vote it only posts the receives."""
+        key = P.skeleton_key(gen, src)
+        since = time.monotonic()
+        while not self.m.store.check([key]):
+            if self.m.latest_gen() > gen or time.monotonic() - since > self.m.regroup_timeout_s:
+                return
+            self.m.beat(since)
+            time.sleep(self.m.poll_interval_s)
+        skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
+        self._rspec = self._layout(gen, src, skel)
 
     def _prepared(self, gen: int) -> _Prepared:
         spec = self._spec
@@ -248,7 +292,8 @@ class StateTransfer:
 
     def _send(self, gen: int, me: int, dsts: list[int]) -> int:
         prep = self._prepared(gen)
-        self.m.store.set(P.skeleton_key(gen, me), prep.skeleton)  # type: ignore[arg-type]
+        if not prep.published:
+            self.m.store.set(P.skeleton_key(gen, me), prep.skeleton)  # type: ignore[arg-type]
         tensors, large, packed = prep.tensors, prep.large, prep.packed
         moved = 0
         pending: list[Any] = []
@@ -267,21 +312,22 @@ class StateTransfer:
         self.m.event("sends_posted")
         return moved
 
-    def _recv(self, gen: int, src: int) -> int:
+    def _skeleton(self, gen: int, src: int) -> Any:
+        """Wait for participant ``src``'s skeleton of generation ``gen`` and load it."""
         key = P.skeleton_key(gen, src)
         since = time.monotonic()
         while not self.m.store.check([key]):
             self.m.check_generation()
             self.m.beat(since)
             time.sleep(self.m.poll_interval_s)
-        skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
-        self.m.event("skeleton")
-        self.incomplete = True
-        tensor_refs = refs(skel)
+        return pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
+
+    def _layout(self, gen: int, src: int, skel: Any) -> _Destination:
+        """Where each tensor of ``skel`` will be received: this rank's live model tensors
+        where they match, else buffers pre-faulted for the optimizer state."""
+        d = _Destination(gen, src, skel)
         own_model = self.model.state_dict()
-        dest: list[torch.Tensor] = []
-        live: set[int] = set()  # indices received straight into the live model tensors
-        for ref in tensor_refs:
+        for ref in d.refs:
             mine = own_model.get(ref.path[1]) if ref.path[0] == "model" else None
             if isinstance(mine, DTensor):
                 # HSDP: shards travel as plain tensors, straight into this rank's live
@@ -290,18 +336,32 @@ class StateTransfer:
                 mine = mine._local_tensor
             if mine is not None and tuple(mine.shape) == ref.shape and mine.dtype == ref.dtype \
                     and mine.is_contiguous():
-                dest.append(mine)
-                live.add(ref.index)
+                d.dest.append(mine)
+                d.live.add(ref.index)
             else:
                 dev = "cpu" if ref.on_cpu else self.device
-                dest.append(self._take_buffer(ref.shape, ref.dtype, dev))
-        small = [r for r in tensor_refs if nbytes(dest[r.index]) < SMALL_TENSOR_BYTES]
-        small_set = {r.index for r in small}
-        packed = torch.zeros(sum(nbytes(dest[r.index]) for r in small), dtype=torch.uint8)
+                d.dest.append(self._take_buffer(ref.shape, ref.dtype, dev))
+        d.small = [r for r in d.refs if nbytes(d.dest[r.index]) < SMALL_TENSOR_BYTES]
+        d.packed = torch.zeros(sum(nbytes(d.dest[r.index]) for r in d.small),
+                               dtype=torch.uint8)
+        model_refs = [r for r in d.refs if r.path[0] == "model"]
+        d.in_place = all(r.index in d.live for r in model_refs) \
+            and len(model_refs) == len(own_model)
+        return d
+
+    def _recv(self, gen: int, src: int) -> int:
+        d = self._rspec
+        self._rspec = None
+        if d is None or (d.gen, d.src) != (gen, src):
+            d = self._layout(gen, src, self._skeleton(gen, src))
+        self.m.event("skeleton")
+        self.incomplete = True
+        dest = d.dest
+        small_set = {r.index for r in d.small}
         # The sender sends in index order: the packed buffer, the model, the optimizer.
-        first = [self.m.cpu_pg.recv([packed], src, 0)]
+        first = [self.m.cpu_pg.recv([d.packed], src, 0)]
         later: list[Any] = []
-        for ref in tensor_refs:
+        for ref in d.refs:
             if ref.index not in small_set:
                 t = dest[ref.index]
                 pg = self.m.pg if t.device.type != "cpu" else self.m.cpu_pg
@@ -311,21 +371,19 @@ class StateTransfer:
         for w in first:
             self.m.wait(w, phase=P.Phase.SYNC)
         self.m.event("model_in")
-        for ref, t in zip(small, unpack(packed, small), strict=True):
-            if ref.index in live:
+        for ref, t in zip(d.small, unpack(d.packed, d.small), strict=True):
+            if ref.index in d.live:
                 dest[ref.index].copy_(t)
             else:
                 dest[ref.index] = t if ref.on_cpu else t.to(self.device)
-        model_refs = [r for r in tensor_refs if r.path[0] == "model"]
-        in_place = all(r.index in live for r in model_refs) and len(model_refs) == len(own_model)
-        state = join_state(skel, dest)
+        state = join_state(d.skel, dest)
         if not later:
-            self._load_state_dict(state, model_in_place=in_place)
+            self._load_state_dict(state, model_in_place=d.in_place)
             self.incomplete = False
             return sum(nbytes(t) for t in dest)
         # Everything but the optimizer now, so that the first step's forward/backward
         # overlaps with the rest of the transfer; the optimizer state when it is in.
-        self._load_state_dict(state | {"optimizer": None}, model_in_place=in_place)
+        self._load_state_dict(state | {"optimizer": None}, model_in_place=d.in_place)
         self.inflight = Inflight(
             later, lambda: self._load_optimizer(state["optimizer"]))
         return sum(nbytes(t) for t in dest)
