@@ -215,8 +215,20 @@ def main() -> None:
     starts = len(tokens) - args.seq - 1
     sampler = ShardedSampler(starts, args.micro_batch, seed=args.seed)
     net: nn.Module = torch.compile(model) if args.compile else model
+
+    def micro_batch_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with job.autocast() if args.bf16 else contextlib.nullcontext():
+            logits = net(x)
+        return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
+
+    def warmup() -> None:
+        # What the runtime runs in a spare before it is called in (and then discards):
+        # one micro-batch of made-up tokens of the real shape, forward and backward.
+        x = torch.zeros(args.micro_batch, args.seq, dtype=torch.long, device=device)
+        micro_batch_loss(x, x).backward()
+
     job = Job(model=net, optimizer=opt, scheduler=sched, sampler=sampler,
-              config=JobConfig(seed=args.seed), mesh=mesh)
+              config=JobConfig(seed=args.seed), mesh=mesh, warmup=warmup)
     offsets = torch.arange(args.seq + 1)
 
     t_warm = time.perf_counter()
@@ -230,9 +242,7 @@ def main() -> None:
             idx = sampler.next_batch(job.rank, job.world_size)
             window = tokens[idx.unsqueeze(1) + offsets].to(device)
             x, y = window[:, :-1], window[:, 1:]
-            with job.autocast() if args.bf16 else contextlib.nullcontext():
-                logits = net(x)
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
+            loss = micro_batch_loss(x, y)
             (loss / args.accum).backward()
             total_loss += loss.item() / args.accum
         if not job.reduce_gradients():  # averaged over the replicas, before clipping

@@ -14,12 +14,14 @@ a replica group is its unit of failure (any rank lost: the whole group restarts 
 heals). We keep that split -- FSDP2 on a 1-D ``("shard",)`` mesh, the cross-group
 reduction in the runtime -- but the shard group is an :class:`ElasticGroup`: a process
 group object whose rank and size stay (so FSDP2's sharding, computed once, stays valid)
-while the gloo backend under it is replaced each generation. Its collectives are waited
+while the backend under it (gloo on CPU; NCCL on CUDA, with gloo beside it for the
+runtime's control messages) is replaced each generation. Its collectives are waited
 for the runtime's way (never blocking inside ``wait()``, watching the generation), and a
 collective that cannot complete (a peer died) never raises into the training loop: the
-step is marked abandoned, later collectives of it are skipped, the loop body runs to its
-end on garbage and the runtime discards the step. So a survivor in the lost rank's own
-replica group keeps its shard and its process. We do not depend on torchft: its
+step is marked abandoned, later collectives of it are skipped, a backward pass in
+progress ends at its next collective (:func:`install_void_backward`), the loop body runs
+to its end on garbage and the runtime discards the step. So a survivor in the lost
+rank's own replica group keeps its shard and its process. We do not depend on torchft: its
 Manager/Lighthouse quorum would duplicate the supervisor's membership, and its process
 group wrappers re-create a group per quorum in the same way we already do.
 
@@ -33,7 +35,9 @@ default process group.
 from __future__ import annotations
 
 import collections
+import functools
 import os
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -42,10 +46,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from runtime import protocol as P
 from runtime.errors import ConfigError, GenerationChanged
+
+
+class StepVoid(Exception):
+    """Raised inside autograd's backward pass by a collective of an abandoned step, so that
+    the rest of the backward (kernels on garbage, discarded anyway) is not computed; the
+    runtime's ``torch.autograd.backward`` catches it (:func:`install_void_backward`)."""
+
+
+def _in_backward() -> bool:
+    """True on a thread running an autograd backward pass (CPU: the caller's thread)."""
+    return bool(torch._C._current_graph_task_id() != -1)
 
 
 class _DoneWork(dist.Work):
@@ -64,17 +80,18 @@ class _ElasticWork(dist.Work):
     """A collective of an :class:`ElasticGroup` in flight; ``wait()`` never raises and
     never blocks past a membership change (the step is abandoned instead)."""
 
-    def __init__(self, group: ElasticGroup, work: Any) -> None:
+    def __init__(self, group: ElasticGroup, work: Any, watch: bool) -> None:
         super().__init__()
         self._group = group
         self._work = work
+        self._watch = watch
         self._done = False
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Wait the runtime's way; on a membership change mark the step abandoned."""
         if not self._done:
             self._done = True
-            self._group.wait(self._work)
+            self._group.wait(self._work, watch=self._watch)
         return True
 
     def is_completed(self) -> bool:
@@ -95,9 +112,19 @@ class ElasticGroup:
         self.backend: Any = None
         self.group_name = f"yoco-shard-{rank}-of-{size}-{os.getpid()}"
         # Set by the Job: waits for a work watching the generation (raises
-        # GenerationChanged when a newer one is published).
+        # GenerationChanged when a newer one is published), and checks the generation
+        # (raises it too) without waiting.
         self.waiter: Callable[[Any], None] | None = None
+        self.checker: Callable[[], None] | None = None
         self.abandoned: GenerationChanged | None = None
+        # Called when a collective finds the step abandoned (the benchmark timeline).
+        self.on_abandon: Callable[[], None] | None = None
+        # Set by a managed Job (install_void_backward): a collective of an abandoned step
+        # called inside a backward pass raises StepVoid instead of being skipped.
+        self.abort_backward = False
+        # A spare's warm-up pass (Job._warm_up): every collective completes at once,
+        # without a backend, on whatever its output buffer holds.
+        self.rehearsal = False
         self._lock = threading.Lock()
 
     # ProcessGroup's interface, as much as FSDP2 uses of it.
@@ -116,12 +143,12 @@ class ElasticGroup:
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any) -> dist.Work:
         """FSDP2's all-gather of parameter shards."""
-        return self._run(lambda b: b._allgather_base(output, inp, opts))
+        return self._run(lambda b: b._allgather_base(output, inp, opts), watch=True)
 
     def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor,
                               opts: Any) -> dist.Work:
         """FSDP2's reduce-scatter of gradients."""
-        return self._run(lambda b: b._reduce_scatter_base(output, inp, opts))
+        return self._run(lambda b: b._reduce_scatter_base(output, inp, opts), watch=True)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         """Sum ``tensors`` over the group (the runtime's gradient-norm reduction)."""
@@ -129,8 +156,11 @@ class ElasticGroup:
             return self._run(lambda b: b.allreduce(tensors))
         return self._run(lambda b: b.allreduce(tensors, opts))
 
-    def _run(self, launch: Callable[[Any], Any]) -> dist.Work:
+    def _run(self, launch: Callable[[Any], Any], *, watch: bool = False) -> dist.Work:
+        if self.rehearsal:
+            return _DoneWork()
         if self.abandoned is not None:
+            self._void_backward()
             return _DoneWork()  # the step is void: skip the collective
         if self._size == 1 and self.backend is None:
             raise ConfigError("a shard group of one used before the runtime set it up")
@@ -138,17 +168,47 @@ class ElasticGroup:
             work = launch(self.backend)
         except Exception as exc:  # a dead peer's socket: the supervisor sees the death
             return self._failed(exc)
-        return _ElasticWork(self, work)
+        return _ElasticWork(self, work, watch)
 
-    def wait(self, work: Any) -> None:
-        """Wait for ``work``; a membership change abandons the step (never raises)."""
+    def wait(self, work: Any, *, watch: bool = False) -> None:
+        """Wait for ``work``; a membership change abandons the step (never raises but
+        :class:`StepVoid`). ``watch``: FSDP2's own collectives (all-gather,
+        reduce-scatter), which cannot commit anything: a newer generation seen after
+        one completed abandons the step too, so that a peer's death in another replica
+        group voids the step at the next collective (an attribute read) instead of at
+        the cross-group reduction, after computing the rest of it. (Not for the
+        allreduces that carry the commit agreement: every rank of the replica group
+        must decide the same on those.)"""
         if self.abandoned is not None:
             return
         assert self.waiter is not None, "ElasticGroup used outside a Job"
         try:
             self.waiter(work)
+            if watch and self.checker is not None:
+                self.checker()
         except GenerationChanged as changed:
             self.abandoned = changed
+            if self.on_abandon is not None:
+                self.on_abandon()
+            self._void_backward()
+
+    def _void_backward(self) -> None:
+        """In a backward pass of an abandoned step: end it (see :class:`StepVoid`)."""
+        if self.abort_backward and _in_backward():
+            raise StepVoid
+
+    def check_backward(self) -> None:
+        """Between two kernels of a backward pass (a gradient hook): if the step is void
+        -- abandoned already, or a newer generation published -- end the pass now."""
+        if self.abandoned is None and self.checker is not None:
+            try:
+                self.checker()
+            except GenerationChanged as changed:
+                self.abandoned = changed
+                if self.on_abandon is not None:
+                    self.on_abandon()
+        if self.abandoned is not None:
+            self._void_backward()
 
     def _failed(self, exc: Exception) -> dist.Work:
         # Wait for the supervisor's next generation, as a failed collective does.
@@ -182,16 +242,23 @@ _GROUP: ElasticGroup | None = None
 def shard_mesh() -> DeviceMesh:
     """The 1-D ``("shard",)`` DeviceMesh of this process's replica group, for
     ``fully_shard(module, mesh=shard_mesh())``; pass it to :class:`runtime.Job` as
-    ``mesh``. Under ``yoco run --shards S`` it spans S ranks; alone it spans this one."""
+    ``mesh``. Under ``yoco run --shards S`` it spans S ranks; alone it spans this one.
+    On the CUDA device the launcher assigned (``YOCO_DEVICE=cuda:N``) it is a CUDA mesh
+    and that device becomes the current one (FSDP2 allocates on the current device);
+    the runtime then gives the group NCCL backends (written, not yet run: see
+    docs/runtime.md)."""
     global _GROUP
     shards = int(os.environ.get(P.ENV_SHARDS, "1"))
     index = int(os.environ.get(P.ENV_SHARD_INDEX, "0"))
+    device = torch.device(os.environ.get(P.ENV_DEVICE, "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if _GROUP is None:
         _GROUP = ElasticGroup(index, shards)
         if shards == 1:  # alone: a gloo group of one on a private store
             _GROUP.set_backend(dist.ProcessGroupGloo(dist.HashStore(), 0, 1,
                                                      timedelta(seconds=60)))
-    mesh = _ElasticMesh("cpu", torch.arange(shards), mesh_dim_names=("shard",),
+    mesh = _ElasticMesh(device.type, torch.arange(shards), mesh_dim_names=("shard",),
                         _init_backend=False, _rank=index)
     mesh._elastic = _GROUP
     mesh._dim_group_names = [_GROUP.group_name]  # type: ignore[list-item]
@@ -203,6 +270,111 @@ def group_of(mesh: DeviceMesh) -> ElasticGroup:
     if not isinstance(mesh, _ElasticMesh):
         raise ConfigError("the mesh was not made by runtime.hsdp.shard_mesh()")
     return mesh._elastic
+
+
+# ------------------------------------------------------------------- void steps
+def fsdp_roots(model: torch.nn.Module) -> list[FSDPModule]:
+    """The outermost ``fully_shard`` modules of ``model`` (its FSDP2 roots)."""
+    roots: list[FSDPModule] = []
+    inside: set[int] = set()
+    for mod in model.modules():  # pre-order: an outer module comes before its children
+        if id(mod) in inside or not isinstance(mod, FSDPModule):
+            continue
+        roots.append(mod)
+        inside.update(id(m) for m in mod.modules())
+    return roots
+
+
+def reset_void_step(model: torch.nn.Module) -> None:
+    """Bring FSDP2's per-iteration state back to the start of a step after an abandoned
+    one, whatever point it stopped at: ``reset_iter_state()`` on every root (FSDP2's own
+    recovery after a mid-forward/backward exception: in-flight collectives dropped,
+    every parameter group resharded, iteration trackers cleared), and the unsharded
+    gradients a cut-short backward leaves on blocks whose post-backward did not run
+    dropped too (reset_iter_state keeps them, and the next backward would add to them)."""
+    for root in fsdp_roots(model):
+        root.reset_iter_state()
+        assert isinstance(root, torch.nn.Module)
+        for mod in root.modules():
+            if not isinstance(mod, FSDPModule):
+                continue
+            for group in mod._get_fsdp_state()._fsdp_param_groups:
+                for fp in group.fsdp_params:
+                    fp.unsharded_accumulated_grad = None
+                    if hasattr(fp, "_unsharded_param"):
+                        fp._unsharded_param.grad = None
+
+
+def _watch_leaves(model: torch.nn.Module, group: ElasticGroup) -> None:
+    """A gradient hook on the output of every leaf module with parameters: in a backward
+    pass, :meth:`ElasticGroup.check_backward` (see :func:`install_void_backward`)."""
+
+    def check(_grad: torch.Tensor) -> None:
+        group.check_backward()
+
+    def hook(_mod: torch.nn.Module, _inp: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+            out.register_hook(check)
+
+    for mod in model.modules():
+        if next(mod.children(), None) is None and \
+                next(mod.parameters(recurse=False), None) is not None:
+            mod.register_forward_hook(hook)
+
+
+_BACKWARD_MODELS: list[torch.nn.Module] = []
+_ORIGINAL_BACKWARD: Callable[..., Any] | None = None
+_ON_VOID: list[Callable[[], None]] = []
+
+
+def install_void_backward(model: torch.nn.Module, group: ElasticGroup,
+                          on_void: Callable[[], None] | None = None) -> None:
+    """From now on, a backward pass of an abandoned step ends at its next collective.
+
+    Why: when a peer dies, the survivors' step is void, but FSDP2's hooks run inside
+    autograd and nothing there can stop the backward pass short of an exception: it ran
+    to its end on garbage (70-300 ms of compute of a 0.5-2.5 s step on this machine,
+    on the recovery's critical path and taking CPU from it). So ``group`` raises
+    :class:`StepVoid` from a collective of an abandoned step inside a backward pass, and
+    ``torch.autograd.backward`` (what ``Tensor.backward`` calls) is wrapped, once per
+    process, to catch it, reset FSDP2's iteration state (:func:`reset_void_step`) and
+    return as if the pass had completed: the loop body goes on (on garbage, discarded
+    as before) without seeing it. Outside an abandoned step the wrapper costs one
+    Python call per ``backward()``. ``on_void`` runs after each pass cut short.
+
+    FSDP2's collectives come once per block and pass, and a block's backward took
+    30-100 ms on this machine: a rank whose own collectives all succeed (the dead rank's
+    twin in the other replica group) learnt of the death only at its next one. So each
+    leaf module with parameters also gets a gradient hook on its output (registered by a
+    forward hook, ~0.2 ms per pass for the GPT example) that checks the generation (an
+    attribute read) and ends the pass there. Not for a ``torch.compile``d model (hooks
+    inside a compiled graph are its business): there the collectives alone check."""
+    global _ORIGINAL_BACKWARD
+    group.abort_backward = True
+    if model not in _BACKWARD_MODELS:
+        _BACKWARD_MODELS.append(model)
+        dynamo = sys.modules.get("torch._dynamo")  # not imported: nothing is compiled
+        if dynamo is None or not any(isinstance(m, dynamo.eval_frame.OptimizedModule)
+                                     for m in model.modules()):
+            _watch_leaves(model, group)
+    if on_void is not None:
+        _ON_VOID.append(on_void)
+    if _ORIGINAL_BACKWARD is not None:
+        return
+    original = torch.autograd.backward
+    _ORIGINAL_BACKWARD = original
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> None:
+        try:
+            original(*args, **kwargs)
+        except StepVoid:
+            for m in _BACKWARD_MODELS:
+                reset_void_step(m)
+            for hook in _ON_VOID:
+                hook()
+
+    torch.autograd.backward = backward
 
 
 # ------------------------------------------------------------------- state
@@ -322,7 +494,9 @@ def clip_sharded_grad_norm_(model: torch.nn.Module, max_norm: float, group: Elas
     on the norm's allreduce instead of a collective of its own."""
     grads = [g._local_tensor if isinstance(g, DTensor) else g
              for g in (p.grad for p in model.parameters()) if g is not None]
-    local = torch.zeros(1 if flag is None else 2, dtype=torch.float32)
+    # On the gradients' device: on CUDA the group is NCCL's (the flag rides along).
+    local = torch.zeros(1 if flag is None else 2, dtype=torch.float32,
+                        device=grads[0].device if grads else None)
     if grads:
         norms = torch._foreach_norm(grads, 2.0)
         local[0] = torch.stack([n.float() for n in norms]).pow(2).sum()

@@ -21,7 +21,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,10 @@ from runtime.hsdp import (
     ShardReducer,
     clip_sharded_grad_norm_,
     group_of,
+    install_void_backward,
     load_local_model,
     optimizer_state_to_dtensors,
+    reset_void_step,
     to_local_state,
 )
 from runtime.membership import Membership
@@ -101,7 +103,8 @@ class Job:
 
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, sampler: Any = None,
-                 config: JobConfig | None = None, mesh: Any = None) -> None:
+                 config: JobConfig | None = None, mesh: Any = None,
+                 warmup: Callable[[], None] | None = None) -> None:
         cfg = config or JobConfig()
         every = int(os.environ.get(P.ENV_CKPT_EVERY, cfg.checkpoint_every))
         timeout = float(os.environ.get(P.ENV_COLLECTIVE_TIMEOUT, cfg.collective_timeout_s))
@@ -115,6 +118,7 @@ class Job:
                                 finish_timeout_s=cfg.finish_timeout_s)
         self.model = model
         self.optimizer = optimizer
+        self._warmup = warmup
         self.scheduler = scheduler
         self.sampler = sampler
         self.step = 0
@@ -162,6 +166,10 @@ class Job:
             run_dir = os.environ.get(P.ENV_RUN_DIR)
             if run_dir:
                 self._committed = CommittedStep(Path(run_dir) / P.COMMITTED_FILE)
+            if self._elastic is not None:
+                membership = self._m
+                install_void_backward(model, self._elastic,
+                                      on_void=lambda: membership.event("backward_cut"))
             faults = self._faults
             faults.install(model=model, optimizer=optimizer,
                            where=lambda: (self.step, self.rank))
@@ -174,6 +182,7 @@ class Job:
                     shard=(self._elastic.rank(), self.shards) if self._elastic is not None
                     and self.shards > 1 else None, model=model, optimizer=optimizer)
         self._was_member = False
+        self._warmed = False
         self._move_seen = False
         self._sampler_snapshot: Any = None
         self._step_times: list[float] = []
@@ -287,6 +296,7 @@ class Job:
             self._reduce()
         except GenerationChanged as changed:
             self._abandoned = changed
+            self._m.event("abandoned")
             return False
         return True
 
@@ -325,6 +335,9 @@ class Job:
                 try:
                     self._finish_step()
                 except GenerationChanged as changed:
+                    m.event("void")
+                    if self._elastic is not None:
+                        reset_void_step(self.model)  # wherever the void step stopped
                     if self.sampler is not None:
                         self.sampler.load_state_dict(self._sampler_snapshot)
                     self._join(changed.gen)
@@ -409,6 +422,7 @@ class Job:
         if self.sampler is not None:
             self._sampler_snapshot = self.sampler.state_dict()
         self._faults.at_step_start(step=self.step, rank=self.rank, gen=self.gen)
+        self._m.event("step")
         if self.rank == 0 and not self._move_seen:
             # Only rank 0 polls for a pending move: it raises a flag inside the gradient
             # allreduce, so every rank learns of the move at the same committed step.
@@ -458,13 +472,15 @@ class Job:
         if self._agree is None:
             return
         assert self._m is not None
-        flag = torch.tensor([self._agree])
-        self._m.wait(self._m.sub["shard"].allreduce([flag]), phase=P.Phase.STEP)
+        flag = torch.tensor([self._agree])  # control: on the gloo group, on CUDA too
+        self._m.wait(self._m.sub_cpu["shard"].allreduce([flag]), phase=P.Phase.STEP)
         if float(flag[0]) > 0:
             self._move_seen = True
         self._agree = None
 
     def _finish_step(self) -> None:
+        if self._m is not None:
+            self._m.event("body_end")
         if self._elastic is not None and self._elastic.abandoned is not None:
             raise self._elastic.abandoned
         if self._abandoned is not None:
@@ -488,6 +504,7 @@ class Job:
 
     def _after_commit(self, seconds: float) -> None:
         assert self._m is not None
+        self._m.event("commit")
         self._step_times.append(seconds)
         # Checkpoint writers: rank 0; with HSDP every rank of replica group 0, its shard.
         if self._ckpt is not None and self.rank < self.shards and self._ckpt.due(self.step):
@@ -519,6 +536,9 @@ class Job:
     def _complete_transfer(self) -> None:
         assert self._transfer is not None
         t_done = self._transfer.complete()
+        if t_done is not None:
+            assert self._m is not None
+            self._m.event("transfer_done", t_done)
         if t_done is not None and self._regroup_timing is not None:
             self._regroup_timing["transferred"] = t_done
 
@@ -527,6 +547,7 @@ class Job:
         """Become a member of the newest generation ≥ ``min_gen`` and hold its state."""
         assert self._m is not None and self._transfer is not None
         m = self._m
+        m.event("join")
         if not self._was_member:
             self._transfer.preallocate()
             m.mark(P.waiting_key(self.slot), str(time.time()))
@@ -538,17 +559,27 @@ class Job:
             if self.slot not in participants:
                 if self._was_member:
                     self._leave()
+                self._warm_up()  # a spare: once, before it is called in
                 min_gen = gen + 1
                 continue
+            # A likely sender builds what it sends, a likely receiver lays out where it
+            # lands, while the groups form (see StateTransfer.speculate).
+            prepare = self._transfer.speculate(
+                plan, previous=m.plan(gen - 1).members if gen > 0 else [],
+                has_state=self._was_member or self.slot in plan.donors)
             try:
                 m.form_groups(gen, participants.index(self.slot), len(participants),
-                              subgroups=self._subgroups(plan))
+                              subgroups=self._subgroups(plan), meanwhile=prepare)
                 if self._elastic is not None:
                     self._elastic.set_backend(m.sub["shard"])
                     self._elastic.waiter = lambda w: m.wait(w, phase=P.Phase.STEP)
+                    self._elastic.checker = m.check_generation
+                    self._elastic.on_abandon = lambda: m.event("abandoned")
                 t_pg = time.time()
+                m.event("groups")
                 moved = self._sync(plan)
                 t_sync = time.time()
+                m.event("synced")
             except GenerationChanged as changed:
                 min_gen = changed.gen
                 continue
@@ -573,6 +604,51 @@ class Job:
                 # So that a rollback target exists from step 0 on.
                 self._ckpt.submit(self.state_dict(), self.step, attempt=self.gen)
             return
+
+    def _warm_up(self) -> None:
+        """A spare, before it is called in: run the script's ``warmup`` (one forward and
+        backward pass on a made-up batch) once and discard every effect of it.
+
+        Why: a fresh process's first forward/backward costs several times a steady one
+        (FSDP2's lazy initialisation, the allocator's first touch of every activation
+        and gradient buffer, first calls of the kernels); paid after a failure it sat on
+        the recovery's critical path, and the rest of the job waited for it in the first
+        step's collectives. What is restored (and what cannot change): collectives are
+        skipped (HSDP: the shard group rehearses, each all-gather and reduce-scatter
+        completes at once on uninitialised memory; plain data parallel reduces after the
+        body, not in it), every gradient is dropped and FSDP2's iteration state reset,
+        the buffers, the RNG states and the sampler's position are put back; parameters
+        are only read by a forward/backward, and no optimizer or scheduler step runs.
+        The parameters and the optimizer state then come from the transfer (or a
+        checkpoint) anyway."""
+        if self._warmup is None or self._warmed:
+            return
+        self._warmed = True
+        t0 = time.perf_counter()
+        rng = torch.get_rng_state()
+        py_rng = random.getstate()
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        sampler = self.sampler.state_dict() if self.sampler is not None else None
+        if self._elastic is not None:
+            self._elastic.rehearsal = True
+        try:
+            self._warmup()
+        finally:
+            if self._elastic is not None:
+                self._elastic.rehearsal = False
+                reset_void_step(self.model)
+            self.model.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for b, saved in zip(self.model.buffers(), buffers, strict=True):
+                    b.copy_(saved)
+            torch.set_rng_state(rng)
+            random.setstate(py_rng)
+            if self.sampler is not None:
+                self.sampler.load_state_dict(sampler)
+        log.info("%s warmed up in %.0f ms", self.slot, (time.perf_counter() - t0) * 1e3)
+        if self._m is not None:
+            self._m.event("warmed_up")
 
     def _subgroups(self, plan: P.Plan) -> tuple[tuple[str, str, int, int], ...]:
         """HSDP: this member's replicate group (same shard, one rank per replica group)

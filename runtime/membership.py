@@ -13,7 +13,9 @@ group is built on a fresh store prefix.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -77,6 +79,25 @@ class GenerationWatch:
             self._cond.wait_for(lambda: self.latest > gen or not self.ok, timeout)
 
 
+class Timeline:
+    """A worker's recovery timeline for the benchmarks (``YOCO_TIMELINE``): one JSON line
+    per event (wall clock, event name, generation, step), appended to ``DIR/SLOT.jsonl``.
+    Disabled (every call a no-op) when the variable is unset, as in production."""
+
+    def __init__(self, slot: str) -> None:
+        directory = os.environ.get(P.ENV_TIMELINE)
+        self.path = os.path.join(directory, f"{slot}.jsonl") if directory else None
+
+    def __call__(self, ev: str, gen: int, step: int, t: float | None = None) -> None:
+        """Record event ``ev`` (at ``t``, default now)."""
+        if self.path is None:
+            return
+        line = json.dumps({"t": time.time() if t is None else t, "ev": ev, "gen": gen,
+                           "step": step})
+        with open(self.path, "a") as fh:
+            fh.write(line + "\n")
+
+
 class _PendingWork:
     """A collective whose completion callback has not run yet (see Membership.wait)."""
 
@@ -106,11 +127,21 @@ class Membership:
         self.regroup_timeout_s = regroup_timeout_s
         self.collective_timeout_s = collective_timeout_s
         self.gen = -1
+        self._move_gen = -1  # a published generation known to be a pending move
         self._last_beat = 0.0
         self.pg: Any = None
         self.cpu_pg: Any = None
-        self.sub: dict[str, Any] = {}  # this generation's subgroups (form_groups)
+        # This generation's subgroups (form_groups): ``sub`` for the tensors of the device
+        # (NCCL on CUDA, else gloo), ``sub_cpu`` gloo for control (the same objects on CPU).
+        self.sub: dict[str, Any] = {}
+        self.sub_cpu: dict[str, Any] = {}
+        self._timeline = Timeline(slot)
         self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
+
+    def event(self, ev: str, t: float | None = None) -> None:
+        """Stamp ``ev`` (at ``t``, default now) on this worker's benchmark timeline (see
+        :class:`Timeline`)."""
+        self._timeline(ev, self.gen, self._current_step(), t)
 
     # ----------------------------------------------------------------- heartbeat
     def beat(self, waiting_since: float) -> None:
@@ -137,10 +168,13 @@ class Membership:
         """Raise :class:`GenerationChanged` if a newer generation than ours that is not a
         pending move (a move waits for the step boundary) has been published."""
         latest = self.latest_gen()
-        if latest <= self.gen:
+        if latest <= self.gen or latest == self._move_gen:
             return
         if latest == self.gen + 1 and self.plan(latest).mode == P.PlanMode.MOVE:
-            return  # a move waits for the step boundary; the flag is already raised
+            # A move waits for the step boundary; the flag is already raised. Noted, so
+            # that the checks on every collective do not read the plan again.
+            self._move_gen = latest
+            return
         raise GenerationChanged(latest)
 
     def await_gen(self, min_gen: int) -> int:
@@ -162,12 +196,17 @@ class Membership:
 
     # ----------------------------------------------------------------- groups
     def form_groups(self, gen: int, rank: int, size: int, prefix: str = "pg",
-                    subgroups: tuple[tuple[str, str, int, int], ...] = ()) -> None:
+                    subgroups: tuple[tuple[str, str, int, int], ...] = (),
+                    meanwhile: Callable[[], None] | None = None) -> None:
         """Build this generation's group(s) on a fresh prefix, watching for a newer gen.
 
-        ``subgroups``: further gloo groups ``(key, name, rank, size)`` among some of the
+        ``subgroups``: further groups ``(key, name, rank, size)`` among some of the
         members (HSDP: this rank's replicate and shard groups), each on the prefix
-        ``g{gen}/{name}/``; they end up in ``sub[key]``."""
+        ``g{gen}/{name}/``: a gloo group there, in ``sub_cpu[key]``, and ``sub[key]`` for
+        the device's tensors -- on CUDA an NCCL group on ``g{gen}/{name}/nccl/`` (FSDP2's
+        collectives and the gradient reduction), else the gloo group itself.
+        ``meanwhile`` runs on this thread while the groups rendezvous (on their own
+        threads, waiting in C++)."""
         result: dict[str, Any] = {}
         stores: list[Any] = []
         timeout = timedelta(seconds=self.collective_timeout_s)
@@ -185,10 +224,18 @@ class Membership:
                 result["main"] = gloo
             return gloo
 
-        def sub(name: str, sub_rank: int, sub_size: int) -> Callable[[Any], Any]:
-            return lambda store: dist.ProcessGroupGloo(
-                dist.PrefixStore(P.group_prefix(gen, name), store), sub_rank, sub_size,
-                timeout)
+        def sub(key: str, name: str, sub_rank: int, sub_size: int) -> Callable[[Any], Any]:
+            def make(store: Any) -> Any:
+                base = dist.PrefixStore(P.group_prefix(gen, name), store)
+                gloo = dist.ProcessGroupGloo(base, sub_rank, sub_size, timeout)
+                if self.use_nccl:
+                    opts = dist.ProcessGroupNCCL.Options()
+                    opts._timeout = timeout
+                    result["cpu/" + key] = gloo
+                    return dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", base), sub_rank,
+                                                 sub_size, opts)
+                return gloo
+            return make
 
         def build(key: str, make: Callable[[Any], Any]) -> None:
             try:
@@ -207,11 +254,13 @@ class Membership:
         # built one after another, HSDP's three groups (world, replicate, shard) took
         # three rendezvous round trips of the slowest member each.
         jobs: list[tuple[str, Callable[[Any], Any]]] = [("cpu", world)]
-        jobs += [("sub/" + key, sub(name, r, n)) for key, name, r, n in subgroups]
+        jobs += [("sub/" + key, sub(key, name, r, n)) for key, name, r, n in subgroups]
         threads = [threading.Thread(target=build, args=job, name="yoco-pg", daemon=True)
                    for job in jobs]
         for thread in threads:
             thread.start()
+        if meanwhile is not None:
+            meanwhile()
         deadline = time.monotonic() + self.regroup_timeout_s
         self.gen = gen  # so that check_generation compares against the new generation
         since = time.monotonic()
@@ -231,8 +280,9 @@ class Membership:
         self._graveyard.extend(stores)  # the groups' rendezvous connections
         self.pg, self.cpu_pg = result["main"], result["cpu"]
         if subgroups:
-            self._graveyard.extend(self.sub.values())
+            self._graveyard.extend([*self.sub.values(), *self.sub_cpu.values()])
             self.sub = {k[4:]: v for k, v in result.items() if k.startswith("sub/")}
+            self.sub_cpu = {k: result.get("cpu/" + k, v) for k, v in self.sub.items()}
 
     # ----------------------------------------------------------------- waiting
     def wait(self, work: Any, *, phase: P.Phase) -> None:

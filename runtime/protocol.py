@@ -26,6 +26,9 @@ ENV_DEVICE = "YOCO_DEVICE"  # "cpu" or "cuda:N"
 ENV_COLLECTIVE_TIMEOUT = "YOCO_COLLECTIVE_TIMEOUT"  # seconds; overrides JobConfig's
 ENV_SHARDS = "YOCO_SHARDS"  # HSDP: ranks per replica group (1: plain data parallel)
 ENV_SHARD_INDEX = "YOCO_SHARD_INDEX"  # HSDP: the shard this process holds (fixed for life)
+# Benchmarks: a directory where each worker appends its recovery timeline (SLOT.jsonl:
+# one {"t", "ev", "gen", "step"} line per event); unset, nothing is written.
+ENV_TIMELINE = "YOCO_TIMELINE"
 
 ENV_NODE = "YOCO_NODE"  # the name of the node (host) the process runs on (multi-node)
 

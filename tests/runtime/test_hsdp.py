@@ -5,10 +5,14 @@ shard in the other replica group, a lost replica group from the other one, a sha
 in both groups from the sharded (``torch.distributed.checkpoint``) checkpoint; every
 rank's final shards (parameters and AdamW state) are compared with ``torch.equal``
 against a failure-free run of the same layout, and the checkpoint itself, loaded
-unsharded, against the gathered shards."""
+unsharded, against the gathered shards. The live incidents share one job (each fault
+fires once, after the previous recovery): the final state of a job that went through
+all of them is still bit-identical to the failure-free run's, and each is recorded as
+one failure with its own outcome."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from runtime import protocol as P
 from runtime.errors import CheckpointError
 from runtime.faults import parse_fault
 from runtime.sharded_checkpoint import latest_sharded_checkpoint, read_sharded_checkpoint
@@ -34,7 +39,8 @@ WORKERS, SHARDS = 4, 2
 
 
 def _run(tmp: Path, name: str, *, faults: list[str], spares: int, sleep: float = 0.1,
-         ckpt: int = 0) -> tuple[Any, list[dict[str, Any]], Path]:
+         ckpt: int = 0, env: dict[str, str] | None = None,
+         ) -> tuple[Any, list[dict[str, Any]], Path]:
     out = tmp / f"{name}.pt"
     sink = JsonlFileSink(tmp / f"{name}.records.jsonl")
     cfg = LaunchConfig(script=GPT, args=["--steps", str(STEPS), "--out", str(out),
@@ -43,7 +49,7 @@ def _run(tmp: Path, name: str, *, faults: list[str], spares: int, sleep: float =
                        workers=WORKERS, shards=SHARDS, spares=spares, job_id=name,
                        contract_id="c-test", runs_root=str(tmp / "runs"),
                        faults=[parse_fault(f) for f in faults], nvml=False,
-                       progress_interval_s=0.5, checkpoint_every=ckpt)
+                       progress_interval_s=0.5, checkpoint_every=ckpt, env=env or {})
     result = launch(cfg, sink)
     return result, sink.read_all(), out
 
@@ -144,96 +150,104 @@ def test_the_sharded_checkpoint_is_dcp_and_loads_unsharded_as_the_gathered_shard
                                                        "dcp-step-000000012"]
 
 
-@pytest.mark.parametrize("fault", ["kill:rank=1:step=5:phase=backward",
-                                   "kill:rank=2:step=4:phase=reduce",
-                                   "kill:rank=1:step=5:phase=optimizer"])
-def test_one_lost_rank_is_rebuilt_from_its_shard_twin(reference: Path, tmp_path: Path,
-                                                      fault: str) -> None:
-    # Killed inside FSDP2's collectives (backward, forward), the runtime's cross-group
-    # reduction, or right after its own optimizer step (the update applied, the step not
-    # yet counted): its replica-group peer keeps its shard and its process.
-    result, recs, out = _run(tmp_path, "one", faults=[fault], spares=1)
+# The live incidents, one job: each fault fires once and at least one whole step after
+# the previous recovery's first committed step (a death inside a recovery joins its
+# incident), so each is an incident of its own; spares are replenished from the zygote
+# between them, or forked at once when none is ready.
+LIVE = [
+    # One lost rank: killed inside FSDP2's backward (its replica-group peer's collectives
+    # fail mid-backward), in the runtime's cross-group reduction, and right after its own
+    # optimizer step (the update applied, the step not yet counted). Its replica-group
+    # peer keeps its shard and its process; a spare built for the shard takes its place.
+    ("kill:rank=1:step=1:phase=backward",),
+    ("kill:rank=2:step=3:phase=reduce",),
+    ("kill:rank=1:step=6:phase=optimizer",),
+    # A whole replica group (rank 0 among them) in the same step: the other group holds
+    # both shards; two spares (one ready, one forked from the zygote) take its places.
+    ("kill:rank=0:step=9:phase=forward", "kill:rank=1:step=9:phase=forward"),
+    # One rank in each replica group at once (different shards): each shard is still held
+    # in the other group.
+    ("kill:rank=0:step=11:phase=forward", "kill:rank=3:step=11:phase=forward"),
+]
+
+
+def _events(timeline: Path, slot: str) -> list[dict[str, Any]]:
+    path = timeline / f"{slot}.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_lost_ranks_are_rebuilt_live_from_their_shard_twins(reference: Path,
+                                                            tmp_path: Path) -> None:
+    timeline = tmp_path / "timeline"
+    timeline.mkdir()
+    result, recs, out = _run(tmp_path, "live", spares=1,
+                             faults=[f for incident in LIVE for f in incident],
+                             env={P.ENV_TIMELINE: str(timeline)})
     assert result.exit_code == 0, result
-    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
+    # One failure per incident, each live with nothing lost, naming exactly its dead.
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * len(LIVE)
     _one_outcome_each(recs)
-    fail = next(r for r in recs if r["kind"] == "failure")
-    assert fail["detail"].count("exit") == 1, fail  # only the killed rank died
+    fails = [r for r in recs if r["kind"] == "failure"]
+    assert [f["detail"].count("exit -9") for f in fails] == [len(i) for i in LIVE], fails
+    # The step each failure is recorded at: the committed steps the supervisor had seen.
+    # After a kill right after its own optimizer step, or of ranks in different replica
+    # groups at the start of a step, a replica group may have committed that step or not
+    # yet (survivors one step apart: the commit vote brings them together).
+    steps = [f["step"] for f in fails]
+    assert steps[:2] == [1, 3] and steps[2] in (6, 7) and steps[3] in (8, 9) \
+        and steps[4] in (10, 11), fails
     _assert_every_shard_identical(reference, out)
-
-
-def test_a_whole_replica_group_lost_is_rebuilt_from_the_other(reference: Path,
-                                                              tmp_path: Path) -> None:
-    # Both ranks of replica group 0 (rank 0 among them) die in the same step: replica
-    # group 1 holds both shards; two spares built for them (one ready, one forked from
-    # the zygote) take group 0's places. One incident naming both, live, nothing lost.
-    result, recs, out = _run(tmp_path, "group", spares=1,
-                             faults=["kill:rank=0:step=5:phase=forward",
-                                     "kill:rank=1:step=5:phase=forward"])
-    assert result.exit_code == 0, result
-    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
-    _one_outcome_each(recs)
-    [fail] = [r for r in recs if r["kind"] == "failure"]
-    assert "w0 exit -9" in fail["detail"] and "w1 exit -9" in fail["detail"], fail
-    _assert_every_shard_identical(reference, out)
-
-
-def test_a_kill_while_writing_a_sharded_checkpoint_leaves_none_that_loads(
-        reference: Path, tmp_path: Path) -> None:
-    # Rank 1 (shard 1 of replica group 0, a checkpoint writer) is SIGKILLed half-way
-    # through its part of the checkpoint of step 9: data written, its metadata not. Its
-    # twin in replica group 1 holds the shard: live. The torn folder never becomes a
-    # checkpoint: the whole ones are 6 and 12, and the torn one does not load.
-    result, recs, out = _run(tmp_path, "torn", spares=1, ckpt=3,
-                             faults=["kill:rank=1:step=9:phase=checkpoint"])
-    assert result.exit_code == 0, result
-    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
-    _one_outcome_each(recs)
-    _assert_every_shard_identical(reference, out)
-    ckpts = tmp_path / "runs" / "torn" / "checkpoints"
-    assert latest_sharded_checkpoint(ckpts)[0] == STEPS  # type: ignore[index]
-    names = sorted(p.name for p in ckpts.iterdir())
-    assert [n for n in names if not n.startswith(".")] == ["dcp-step-000000006",
-                                                           "dcp-step-000000012"], names
-    [torn] = [p for p in ckpts.iterdir() if p.name.startswith(".dcp-step-000000009.")]
-    assert (torn / "__1_0.distcp").exists() and not (torn / "__1.metadata").exists()
-    assert not (torn / ".metadata").exists()
-    with pytest.raises(CheckpointError, match="no readable global metadata"):
-        read_sharded_checkpoint(torn, *_tiny_gpt())
-
-
-def test_one_rank_in_each_replica_group_at_once_is_live(reference: Path,
-                                                        tmp_path: Path) -> None:
-    # Replica group 0 loses shard 0, replica group 1 loses shard 1, in the same step: each
-    # shard is still held in the other group.
-    result, recs, out = _run(tmp_path, "each", spares=1,
-                             faults=["kill:rank=0:step=5:phase=forward",
-                                     "kill:rank=3:step=5:phase=forward"])
-    assert result.exit_code == 0, result
-    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)]
-    [fail] = [r for r in recs if r["kind"] == "failure"]
-    assert "w0 exit -9" in fail["detail"] and "w3 exit -9" in fail["detail"], fail
-    _assert_every_shard_identical(reference, out)
+    # How the first incident went (the workers' timelines): rank 0, whose shard-group
+    # peer died in the backward pass, had its backward cut short at the next collective
+    # instead of computing the rest of it; the spare called in had run its warm-up pass
+    # before it was called in.
+    cut = [e for e in _events(timeline, "w0") if e["ev"] == "backward_cut"]
+    assert cut and cut[0]["step"] == 1 and cut[0]["gen"] == 0, cut
+    spare = _events(timeline, "w4")
+    assert [e["ev"] for e in spare][:3] == ["join", "warmed_up", "groups"], spare[:4]
 
 
 def test_a_shard_lost_in_every_replica_group_rolls_back_to_the_sharded_checkpoint(
         reference: Path, tmp_path: Path) -> None:
-    # Both holders of shard 1 die at once: no replica holds it. Every rank of replica
-    # group 0 writes its shard of a DCP checkpoint every 3 steps; everyone (survivors and
-    # the spares that replace the dead) reloads its shards of the newest whole one (step
-    # 6), and the steps since are lost.
+    # Sharded checkpoints every 3 steps, written by the ranks of replica group 0; three
+    # incidents in one job:
+    # * rank 2 dies (live: a spare takes its place; it then takes part in the rollback);
+    # * both holders of shard 1 die in step 8 (in its backward pass, so that rank 0 has
+    #   committed step 7 before either can die: both replica groups are in step 8), in
+    #   one incident: no replica holds shard 1, so everyone (survivors and the spares
+    #   that replace the dead) reloads its shards of the newest whole DCP checkpoint
+    #   (step 6), and the steps since are lost;
+    # * in the rerun, rank 1 (shard 1 of replica group 0, a checkpoint writer) is killed
+    #   half-way through its part of the checkpoint of step 9: data written, its metadata
+    #   not. Its twin holds the shard: live. The torn folder never becomes a checkpoint.
     result, recs, out = _run(tmp_path, "lost", spares=1, ckpt=3,
-                             faults=["kill:rank=1:step=8:phase=forward",
-                                     "kill:rank=3:step=8:phase=forward"])
+                             faults=["kill:rank=2:step=2:phase=reduce",
+                                     "kill:rank=1:step=8:phase=backward",
+                                     "kill:rank=3:step=8:phase=backward",
+                                     "kill:rank=1:step=9:phase=checkpoint"])
     assert result.exit_code == 0, result
-    [fail] = [r for r in recs if r["kind"] == "failure"]
+    [_, fail, _] = [r for r in recs if r["kind"] == "failure"]
     assert "w1 exit -9" in fail["detail"] and "w3 exit -9" in fail["detail"], fail
     assert fail["step"] == 8, fail
-    assert _failures(recs) == [("unplanned", "process_killed", "rolled_back", 8 - 6)]
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0),
+                               ("unplanned", "process_killed", "rolled_back", 8 - 6),
+                               ("unplanned", "process_killed", "live_migrated", 0)]
     _one_outcome_each(recs)
-    # The reruns' checkpoints, whole DCP folders; nothing temporary left.
-    ckpts = sorted(p.name for p in (tmp_path / "runs" / "lost" / "checkpoints").iterdir())
-    assert ckpts == ["dcp-step-000000009", "dcp-step-000000012"], ckpts
     _assert_every_shard_identical(reference, out)
+    # The checkpoints: whole DCP folders of steps 6 and 12 (the rerun's 9 is the torn
+    # one); the only temporary folder left is the torn one, which holds shard 1's data
+    # without its metadata and does not load.
+    ckpts = tmp_path / "runs" / "lost" / "checkpoints"
+    assert latest_sharded_checkpoint(ckpts)[0] == STEPS  # type: ignore[index]
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert [n for n in names if not n.startswith(".")] == ["dcp-step-000000006",
+                                                           "dcp-step-000000012"], names
+    [torn] = [p for p in ckpts.iterdir() if p.name.startswith(".")]
+    assert torn.name.startswith(".dcp-step-000000009."), names
+    assert (torn / "__1_0.distcp").exists() and not (torn / "__1.metadata").exists()
+    assert not (torn / ".metadata").exists()
+    with pytest.raises(CheckpointError, match="no readable global metadata"):
+        read_sharded_checkpoint(torn, *_tiny_gpt())
 
 
 def test_a_shard_lost_everywhere_without_checkpoint_fails_truthfully(tmp_path: Path) -> None:
