@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
+
+import httpx
 
 from alerts.errors import BadDestination, UnsafeAddress
 
@@ -106,6 +109,17 @@ def check_webhook_url(url: str, *, allow_unsafe: bool = False,
         raise BadDestination("url: expected an http:// or https:// URL")
     if len(url) > 2000:
         raise BadDestination("url: longer than 2000 characters")
+    for i, ch in enumerate(url):
+        # A control (DEL, CR, LF, TAB …), a format character (bidi, zero-width) or any
+        # space cannot be sent in a request line; refused here rather than at each send.
+        if unicodedata.category(ch)[0] in "CZ":
+            raise BadDestination(f"url: character {i + 1} is U+{ord(ch):04X} "
+                                 f"({unicodedata.name(ch, 'a control character')}); a URL "
+                                 "has no control, format or space characters")
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise BadDestination(f"url: not a valid URL ({exc})") from exc
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise BadDestination(f"url: the scheme must be http or https, got {parts.scheme!r}")

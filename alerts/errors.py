@@ -1,7 +1,7 @@
 """Errors of the alerts domain (turned into exit codes or HTTP only at the edges).
 
-Every class here is a :class:`ValueError`: the input was not acceptable and the service
-that raised it wrote nothing.
+Every class here but :class:`DeliveryBroken` is a :class:`ValueError`: the input was not
+acceptable and the service that raised it wrote nothing.
 """
 
 from __future__ import annotations
@@ -25,3 +25,9 @@ class UnknownDestination(AlertsError):
 
 class UnknownDelivery(AlertsError):
     """No delivery with that id (or not one the caller may see)."""
+
+
+class DeliveryBroken(Exception):
+    """A delivery's own rows are inconsistent (its event or destination missing): a named
+    error, not an ``assert``, so that ``python -O`` keeps the guard. Not a ValueError: the
+    caller's input was fine."""

@@ -10,6 +10,7 @@ places at once store, and so deliver, each event once.
 
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,10 +23,29 @@ from sqlalchemy.orm import Session
 from alerts.models import EVENT_KINDS, AlertEvent
 from ledger.models import Contract
 
-__all__ = ["NAMESPACE", "NewEvent", "idempotency_key", "raise_event"]
+__all__ = ["NAMESPACE", "NewEvent", "idempotency_key", "one_line", "raise_event"]
 
 #: Namespace of the ``Idempotency-Key`` UUIDs (uuid5 of the event key).
 NAMESPACE = uuid.UUID("5d0c8a4e-8e33-4f4b-9d7e-0a1e7c2b7a11")
+
+
+#: Unicode categories never kept in a one-line text: controls (CR, LF, DEL …), format
+#: characters (bidi overrides such as U+202E) and the line and paragraph separators.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def one_line(text_: str) -> str:
+    """``text_`` with every control, format (bidi) and line-separator character written as
+    a visible ``\\uXXXX`` escape: one line that is safe as an e-mail header value and
+    cannot reorder what follows it. Printable text is unchanged.
+
+    Alert subjects are built from what a refused record said (its ``event_id`` may carry
+    CR/LF), so the subject is made one line where it enters (:class:`NewEvent`), and
+    again where it leaves (the e-mail's ``Subject``), for rows stored before."""
+    if all(unicodedata.category(ch) not in _ESCAPED_CATEGORIES for ch in text_):
+        return text_
+    return "".join(f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _ESCAPED_CATEGORIES
+                   else ch for ch in text_)
 
 
 def idempotency_key(key: str) -> str:
@@ -53,6 +73,8 @@ class NewEvent:
             raise ValueError(f"key: must start with {self.kind + ':'!r}, got {self.key!r}")
         if self.occurred_at.tzinfo is None or self.occurred_at.utcoffset() is None:
             raise ValueError("occurred_at: a time needs a UTC offset")
+        # The subject becomes an e-mail header: one line, whatever the record said.
+        object.__setattr__(self, "subject", one_line(self.subject))
 
 
 def raise_event(session: Session, event: NewEvent, *, deliver: bool = True) -> int | None:

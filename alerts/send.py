@@ -41,14 +41,15 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from alerts.config import RetryPolicy, check_host, check_webhook_url
-from alerts.errors import AlertsError
-from alerts.events import idempotency_key
+from alerts.errors import AlertsError, DeliveryBroken
+from alerts.events import idempotency_key, one_line
 from alerts.models import AlertAttempt, AlertDelivery, AlertDestination, AlertEvent
 
 __all__ = [
     "SIGNATURE_HEADER",
     "AttemptResult",
     "Delivered",
+    "dead_letter",
     "deliver_next",
     "event_body",
     "send_email",
@@ -130,7 +131,9 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
                  body: bytes, now: datetime, timeout_s: float,
                  client: httpx.Client | None = None) -> AttemptResult:
     """One signed POST of ``body`` to the destination's URL (redirects not followed)."""
-    assert dest.url is not None and dest.secret is not None
+    if dest.url is None or dest.secret is None:
+        return AttemptResult(ok=False, error=f"destination {dest.name}: a webhook without "
+                             "its URL or secret")
     try:
         check_webhook_url(dest.url, allow_unsafe=dest.allow_unsafe_address)
     except AlertsError as exc:
@@ -148,6 +151,8 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
     c = client or httpx.Client(follow_redirects=False, trust_env=False)
     try:
         r = c.post(dest.url, content=body, headers=headers, timeout=timeout_s)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # trying again cannot help
+        return AttemptResult(ok=False, error=_short(f"url: {type(exc).__name__}: {exc}"))
     except httpx.TimeoutException as exc:
         return AttemptResult(ok=False, retryable=True,
                              error=f"timed out after {timeout_s:g} s ({type(exc).__name__})")
@@ -171,7 +176,7 @@ def email_message(dest: AlertDestination, event: AlertEvent, body: bytes,
     """The e-mail of ``event`` for ``dest``: a plain-text summary and the webhook's JSON."""
     key = idempotency_key(event.key)
     msg = EmailMessage()
-    msg["Subject"] = f"[yoco] {event.subject}"[:250]
+    msg["Subject"] = one_line(f"[yoco] {event.subject}")[:250]
     msg["From"] = dest.mail_from or ""
     msg["To"] = ", ".join(dest.mail_to)
     msg["Date"] = format_datetime(now.astimezone(UTC))
@@ -193,7 +198,9 @@ def email_message(dest: AlertDestination, event: AlertEvent, body: bytes,
 def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: datetime,
                timeout_s: float, env: Mapping[str, str]) -> AttemptResult:
     """One SMTP submission of ``event``'s e-mail (STARTTLS and login when configured)."""
-    assert dest.smtp_host is not None and dest.smtp_port is not None
+    if dest.smtp_host is None or dest.smtp_port is None:
+        return AttemptResult(ok=False, error=f"destination {dest.name}: an e-mail "
+                             "destination without its SMTP host or port")
     try:
         check_host(dest.smtp_host, field="smtp_host", allow_unsafe=dest.allow_unsafe_address)
     except AlertsError as exc:
@@ -205,7 +212,10 @@ def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: d
             return AttemptResult(ok=False, error=(
                 f"the SMTP password's environment variable {dest.smtp_password_env!r} is not "
                 "set in the process that sends alerts"))
-    msg = email_message(dest, event, body, now)
+    try:
+        msg = email_message(dest, event, body, now)
+    except (ValueError, TypeError) as exc:  # a header value email refuses: never sendable
+        return AttemptResult(ok=False, error=_short(f"the message cannot be built: {exc}"))
     try:
         with smtplib.SMTP(dest.smtp_host, dest.smtp_port, timeout=timeout_s) as smtp:
             smtp.ehlo()
@@ -276,10 +286,58 @@ def deliver_next(
     if row is None:
         return None
     delivery = session.get(AlertDelivery, row)
-    assert delivery is not None
+    if delivery is None:  # locked above, so only a concurrent superuser DELETE gets here
+        raise DeliveryBroken(f"delivery {row} vanished while claimed")
+    # Isolation: whatever goes wrong with this one delivery (a value that cannot become
+    # a header or a URL, a bug, a database error of its own rows) is rolled back to here
+    # and the delivery is dead-lettered (``failed``, with the reason), so the next run
+    # goes on with the others instead of retrying this one first for ever.
+    savepoint = session.begin_nested()
+    try:
+        done = _attempt_all(session, delivery, policy=policy, replay=replay, clock=clock,
+                            sleep=sleep, jitter=jitter, env=env, client=client)
+        savepoint.commit()
+        return done
+    except Exception as exc:  # the isolation boundary of one delivery
+        savepoint.rollback()
+        return dead_letter(session, row, reason=f"{type(exc).__name__}: {exc}", clock=clock,
+                           replay=replay)
+
+
+def dead_letter(session: Session, delivery_id: int, *, reason: str,
+                clock: Clock = _utc_now, replay: bool = False) -> Delivered:
+    """Mark delivery ``delivery_id`` ``failed`` for good with ``reason`` (logged as an
+    attempt that was never tried again): the dead letter an operator sees in ``yoco alerts
+    deliveries --status failed`` and may replay. Never commits."""
+    delivery = session.get(AlertDelivery, delivery_id)
+    if delivery is None:
+        raise DeliveryBroken(f"delivery {delivery_id} does not exist")
+    now = clock()
+    why = _short(f"dead-lettered: {reason}")
+    number = delivery.attempts + 1
+    session.add(AlertAttempt(delivery_id=delivery.id, attempt=number, at=now, ok=False,
+                             status_code=None, error=why, backoff_s=None, replay=replay))
+    delivery.attempts = number
+    delivery.last_status = None
+    delivery.last_error = why
+    delivery.updated_at = now
+    delivery.status = "failed"
+    session.flush()
+    dest = session.get(AlertDestination, delivery.destination_id)
+    event = session.get(AlertEvent, delivery.event_id)
+    return Delivered(delivery_id=delivery.id, destination=dest.name if dest else "?",
+                     event_key=event.key if event else "?", status="failed", attempts=1,
+                     error=why)
+
+
+def _attempt_all(session: Session, delivery: AlertDelivery, *, policy: RetryPolicy,
+                 replay: bool, clock: Clock, sleep: Sleep, jitter: Callable[[], float],
+                 env: Mapping[str, str], client: httpx.Client | None) -> Delivered:
+    """Try ``delivery`` until delivered, failed for good or out of attempts."""
     event = session.get(AlertEvent, delivery.event_id)
     dest = session.get(AlertDestination, delivery.destination_id)
-    assert event is not None and dest is not None
+    if event is None or dest is None:
+        raise DeliveryBroken(f"delivery {delivery.id}: its event or destination is missing")
     body = event_body(event)
     made = 0
     result = AttemptResult(ok=False, error="destination disabled")

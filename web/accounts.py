@@ -345,7 +345,8 @@ def create_token(
 
     Every contract named must exist.  ``scopes``: what else it may do, among
     :data:`TOKEN_SCOPES` (``metrics``: scrape ``/metrics``; a token with only that scope
-    reads nothing else).
+    reads nothing else). A scope never widens the token's tenant: a metrics token with a
+    customer or contracts scrapes only those (:func:`web.routers.metrics.scrape_scope`).
     """
     ids = sorted(set(contract_ids or []))
     wanted = sorted(set(scopes or []))

@@ -205,7 +205,8 @@ def tokens_create(
     ] = None,
     scope: Annotated[
         list[str] | None,
-        typer.Option("--scope", help="An extra scope: 'metrics' (scrape /metrics; repeat)."),
+        typer.Option("--scope", help="An extra scope: 'metrics' (scrape /metrics: only the --customer's or the "
+                     "--contract's contracts when given, else every contract; repeat)."),
     ] = None,
 ) -> None:
     """Create an API token and print it ONCE (only its SHA-256 is stored)."""
@@ -228,7 +229,13 @@ def tokens_create(
     if customer:
         what.append(f"read the data of customer {customer!r}")
     if scope and "metrics" in scope:
-        what.append("scrape /metrics")
+        # A scope never widens the token's tenant (web.routers.metrics.scrape_scope).
+        if customer:
+            what.append(f"scrape /metrics for customer {customer!r}'s contracts only")
+        elif contract:
+            what.append("scrape /metrics for those contracts only")
+        else:
+            what.append("scrape /metrics for every contract (the vendor's monitoring)")
     err.print(f"token {prefix} ({name}) may " + " and ".join(what) + ".", highlight=False)
     err.print("It is shown once, now; store it as a secret:", highlight=False)
     print(made.text)

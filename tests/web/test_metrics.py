@@ -251,3 +251,42 @@ def test_grafana_dashboard_queries_only_exposed_metrics(
     families = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in exposed}
     shown = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in queried}
     assert families <= shown, families - shown
+
+
+def _contracts_in(samples: dict[Any, float]) -> set[str]:
+    return {dict(ls)["contract"] for (_, ls) in samples if "contract" in dict(ls)}
+
+
+def test_a_customer_metrics_token_scrapes_only_its_customers_contracts(
+    scraper: tuple[Any, TestClient, str],
+) -> None:
+    """Issue 27: `yoco tokens create --customer "Acme AI" --scope metrics` used to scrape
+    every tenant's contracts. A scope never widens the tenant: the customer's token sees
+    its own contracts (with the very figures the operator's scrape shows for them), one
+    bound to contracts sees those, the unbound token every contract."""
+    from typer.testing import CliRunner
+
+    from web.accounts import create_token
+    from yoco.cli import build_app
+    from yoco.database import unit_of_work
+
+    ctx, client, operator_token = scraper
+    with unit_of_work(ctx.engine) as s:
+        acme = create_token(s, name="m", customer="Acme AI", scopes=["metrics"]).text
+        bravo = create_token(s, name="mb", customer="Bravo Labs", scopes=["metrics"]).text
+        runtime = create_token(s, name="mr", contract_ids=["C-A2"], scopes=["metrics"]).text
+    everything = scrape(client, operator_token)
+    assert _contracts_in(everything) == {"C-A", "C-A2", "C-B"}
+    mine = scrape(client, acme)
+    assert _contracts_in(mine) == {"C-A", "C-A2"}
+    assert mine == {k: v for k, v in everything.items()
+                    if dict(k[1]).get("contract") in {"C-A", "C-A2"}}
+    assert _contracts_in(scrape(client, bravo)) == {"C-B"}
+    assert _contracts_in(scrape(client, runtime)) == {"C-A2"}
+    # Asked again (from the caches now): still the tenant's own.
+    assert _contracts_in(scrape(client, acme)) == {"C-A", "C-A2"}
+    # The command line says what the token will see.
+    result = CliRunner().invoke(build_app(), ["tokens", "create", "--name", "m2", "--customer",
+                                              "Acme AI", "--scope", "metrics"])
+    assert result.exit_code == 0, result.output
+    assert "scrape /metrics for customer 'Acme AI''s contracts only" in result.output

@@ -5,6 +5,12 @@ may do nothing else), or a logged-in operator.  No credentials: 401 with
 ``WWW-Authenticate: Bearer``; anyone else (customers, finance, read and ingest tokens):
 404, as every operator page.
 
+A scope never widens a token's tenant (:func:`scrape_scope`): a metrics token bound to a
+customer (``--customer``) scrapes that customer's contracts only, read under the
+portal's row-level security as that customer; one bound to contracts (``--contract``)
+scrapes those contracts only; only a token bound to nothing (the vendor's Prometheus)
+and a logged-in operator see every contract.
+
 What is exposed (docs/metrics.md): per contract and open contract year, the figures of
 ``yoco sla`` (the portal's cached year views, :func:`web.services.year_view_for`) and
 the credit liability; per contract, the ledger's size and the age of its newest signed
@@ -87,6 +93,35 @@ def metrics_caller(request: Request, who: Principal | None) -> Principal | None:
     raise NotFound()
 
 
+@dataclass(frozen=True, slots=True)
+class ScrapeScope:
+    """What one scrape may show: read as ``reader`` (row-level security applies), and,
+    when ``contracts`` is not None, only those contracts."""
+
+    reader: Principal
+    contracts: frozenset[str] | None = None
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...] | None]:
+        """Part of every cache key of the scrape: scopes never share an entry."""
+        return (self.reader.customer or "", None if self.contracts is None
+                else tuple(sorted(self.contracts)))
+
+
+def scrape_scope(who: Principal) -> ScrapeScope:
+    """The tenant a scraper may see: never wider than the tenant of its token.
+
+    A token bound to a customer reads as that customer (row-level security); a token
+    bound to contracts sees those contracts; an unbound metrics token and an operator see
+    every contract."""
+    if who.kind == "token" and who.customer is not None:
+        return ScrapeScope(Principal(kind="token", id=who.id, name=who.name, role="customer",
+                                     customer=who.customer))
+    if who.kind == "token" and who.contract_ids:
+        return ScrapeScope(_READER, frozenset(who.contract_ids))
+    return ScrapeScope(_READER)
+
+
 @router.get("/metrics")
 async def metrics(request: Request, portal: PortalDep) -> Response:
     """The OpenMetrics exposition (see docs/metrics.md)."""
@@ -98,14 +133,15 @@ async def metrics(request: Request, portal: PortalDep) -> Response:
             headers={"WWW-Authenticate": "Bearer"},
             media_type="text/plain",
         )
-    body = await run_in_threadpool(exposition, portal)
+    body = await run_in_threadpool(exposition, portal, scrape_scope(who))
     return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
 
 
-def exposition(portal: Portal) -> bytes:
-    """The body of a scrape at ``portal.now()``."""
+def exposition(portal: Portal, scope: ScrapeScope | None = None) -> bytes:
+    """The body of a scrape at ``portal.now()``, showing ``scope``'s contracts only
+    (default: every contract)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(portal))
+    registry.register(_Snapshot(portal, scope or ScrapeScope(_READER)))
     return generate_latest(registry)
 
 
@@ -120,14 +156,18 @@ class _Recoveries:
 
 
 class _Snapshot(Collector):
-    def __init__(self, portal: Portal) -> None:
+    def __init__(self, portal: Portal, scope: ScrapeScope) -> None:
         self.portal = portal
+        self.scope = scope
 
     def collect(self) -> Iterator[Metric]:
         portal = self.portal
         now = portal.now()
-        with portal.db.read(_READER) as db:
-            contracts = [c.contract_id for c in services.visible_contracts(db, _READER)]
+        reader = self.scope.reader
+        only = self.scope.contracts
+        with portal.db.read(reader) as db:
+            contracts = [c.contract_id for c in services.visible_contracts(db, reader)
+                         if only is None or c.contract_id in only]
             sizes = {
                 log_id: int(size)
                 for log_id, size in db.execute(select(LedgerLog.log_id, LedgerLog.size))
@@ -141,28 +181,29 @@ class _Snapshot(Collector):
             )
             stamp = tuple((c, sizes.get(c, 0)) for c in contracts)
             recoveries: dict[str, _Recoveries] = portal.pages.get_or_make(
-                ("metrics-recoveries", stamp), lambda: _recoveries(db)
+                ("metrics-recoveries", self.scope.key, stamp), lambda: _recoveries(db)
             )
             closes = {c: billing_bridge.year_closes(db, c) for c in contracts}
             views: list[YearView] = []
             for cid in contracts:
-                views.extend(_open_years(portal, db, cid, closes[cid], now))
+                views.extend(_open_years(portal, db, reader, cid, closes[cid], now))
         yield from _ledger_metrics(contracts, sizes, signed, now)
         yield from _recovery_metrics(contracts, recoveries)
         yield from _year_metrics(portal, views)
 
 
 def _open_years(
-    portal: Portal, db: Any, contract_id: str, closed: dict[int, Any], now: datetime
+    portal: Portal, db: Any, reader: Principal, contract_id: str, closed: dict[int, Any],
+    now: datetime
 ) -> list[YearView]:
     """The views of the contract's years that have begun (or the first) and are not closed."""
-    spec = services.contract_for(db, _READER, contract_id, portal.views)
+    spec = services.contract_for(db, reader, contract_id, portal.views)
     last = current_year(spec, now)
     out = []
     for k in range(1, last + 1):
         if k in closed:
             continue
-        out.append(services.year_view_for(portal, _READER, contract_id, k, now))
+        out.append(services.year_view_for(portal, reader, contract_id, k, now))
     return out
 
 
