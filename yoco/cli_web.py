@@ -205,8 +205,9 @@ def tokens_create(
     ] = None,
     scope: Annotated[
         list[str] | None,
-        typer.Option("--scope", help="An extra scope: 'metrics' (scrape /metrics: only the --customer's or the "
-                     "--contract's contracts when given, else every contract; repeat)."),
+        typer.Option("--scope", help="An extra scope: 'metrics' (scrape /metrics: only "
+                     "the --customer's or the --contract's contracts when given, else every "
+                     "contract; repeat)."),
     ] = None,
 ) -> None:
     """Create an API token and print it ONCE (only its SHA-256 is stored)."""
