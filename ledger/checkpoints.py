@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger import merkle, note, tree
-from ledger.errors import CheckpointRefused
-from ledger.models import Checkpoint, LedgerLog
+from ledger.errors import CheckpointRefused, LedgerError, LogInconsistent, MissingNodeError
+from ledger.models import Checkpoint, JournalEntry, LedgerLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,13 @@ def sign_log(session: Session, signer: note.Signer, log_id: str, origin_prefix: 
         )
     if size == 0:
         raise CheckpointRefused(f"log {log_id!r} is empty: nothing to sign")
+    held = session.execute(
+        select(func.coalesce(func.max(JournalEntry.seq) + 1, 0)).where(
+            JournalEntry.log_id == log_id)
+    ).scalar_one()
+    if held != size:
+        raise LogInconsistent(log_id, f"its recorded size is {size} but its journal holds "
+                              f"{held} entries")
     new_root = tree.root(session, log_id, size)
     if last is not None:
         old_root = tree.root(session, log_id, last.tree_size)
@@ -112,9 +119,46 @@ def sign_log(session: Session, signer: note.Signer, log_id: str, origin_prefix: 
     return SignedHead(log_id, size, new_root, text, row.signed_at, True)
 
 
-def sign_all(session: Session, signer: note.Signer, origin_prefix: str) -> list[SignedHead]:
-    """Sign a new head for every log that grew since its last checkpoint."""
-    log_ids = session.execute(
+@dataclass(frozen=True, slots=True)
+class SignRun:
+    """What signing every log did: the heads (signed or unchanged) and, per log that
+    could not be signed, the named error that says why."""
+
+    heads: list[SignedHead]
+    refused: list[CheckpointRefused]
+
+
+def sign_every_log(session: Session, signer: note.Signer, origin_prefix: str) -> SignRun:
+    """Sign a new head for every log that grew since its last checkpoint, each log on its
+    own: a log whose size, tree or journal disagree (or whose new head is not consistent
+    with its last one) is left unsigned, with its error in ``refused``, and the other logs
+    are signed all the same. Never commits."""
+    log_ids = list(session.execute(
         select(LedgerLog.log_id).where(LedgerLog.size > 0).order_by(LedgerLog.log_id)
-    ).scalars()
-    return [sign_log(session, signer, log_id, origin_prefix) for log_id in list(log_ids)]
+    ).scalars())
+    heads: list[SignedHead] = []
+    refused: list[CheckpointRefused] = []
+    for log_id in log_ids:
+        savepoint = session.begin_nested()
+        try:
+            heads.append(sign_log(session, signer, log_id, origin_prefix))
+        except CheckpointRefused as exc:
+            savepoint.rollback()
+            refused.append(exc)
+        except (LedgerError, MissingNodeError) as exc:  # a proof that does not verify
+            savepoint.rollback()
+            refused.append(LogInconsistent(log_id, str(exc)))
+        else:
+            savepoint.commit()
+    return SignRun(heads, refused)
+
+
+def sign_all(session: Session, signer: note.Signer, origin_prefix: str) -> list[SignedHead]:
+    """Sign a new head for every log that grew since its last checkpoint; raise
+    :class:`CheckpointRefused` naming every log that could not be signed (after signing
+    the others in ``session``: a caller that commits anyway keeps them, see
+    :func:`sign_every_log`)."""
+    run = sign_every_log(session, signer, origin_prefix)
+    if run.refused:
+        raise CheckpointRefused("; ".join(str(e) for e in run.refused))
+    return run.heads

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "KeyFileError",
     "LedgerError",
+    "LogInconsistent",
     "MissingNodeError",
     "NoteError",
     "ProofError",
@@ -67,6 +68,15 @@ class UnknownContract(LedgerError):
 
 class CheckpointRefused(LedgerError):
     """A tree head could not be signed (it is not consistent with the last signed one)."""
+
+
+class LogInconsistent(CheckpointRefused):
+    """A log's stored size, Merkle nodes and journal disagree (changed outside yoco):
+    that log is not signed, and says why; other logs are not affected."""
+
+    def __init__(self, log_id: str, message: str) -> None:
+        self.log_id = log_id
+        super().__init__(f"log {log_id!r}: {message}; run `yoco ledger verify`")
 
 
 class VerificationFailed(LedgerError):

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.bulk import copy_binary, text_field
+from ledger.errors import LogInconsistent
 
 #: The Merkle nodes' COPY columns and their types (see :func:`node_rows`).
 NODE_COLUMNS = ("log_id", "level", "idx", "hash")
@@ -36,14 +37,17 @@ def load_nodes(
     if not wanted:
         return {}
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise RuntimeError("the session's database connection is closed")
     with conn.cursor(binary=True) as cur:
         cur.execute(
             _LOAD_NODES_SQL, ([lv for lv, _ in wanted], [ix for _, ix in wanted], log_id)
         )
         found = {(level, idx): bytes(h) for level, idx, h in cur.fetchall()}
     missing = [c for c in wanted if c not in found]
-    assert not missing, f"merkle nodes missing from log {log_id}: {missing[:5]}"
+    if missing:
+        raise LogInconsistent(log_id, f"Merkle nodes (level, index) {missing[:5]} are missing "
+                              "(its recorded size is past its tree)")
     return found
 
 

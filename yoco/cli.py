@@ -497,17 +497,25 @@ def ledger_verify() -> None:
 
 @ledger_app.command("checkpoint")
 def ledger_checkpoint() -> None:
-    """Sign and store a new tree head for every log that grew since its last checkpoint."""
-    from ledger.checkpoints import sign_all
+    """Sign and store a new tree head for every log that grew since its last checkpoint.
+
+    A log whose size, tree or journal disagree is named (with why) and left unsigned;
+    every other log is signed all the same, then the command exits 1.
+    """
+    from ledger.checkpoints import sign_every_log
 
     with application() as ctx:
-        heads = _unit(ctx, lambda s: sign_all(s, ctx.signer, ctx.settings.log_origin))
-    for h in heads:
+        run = _unit(ctx, lambda s: sign_every_log(s, ctx.signer, ctx.settings.log_origin))
+    for h in run.heads:
         state = "signed" if h.created else "unchanged"
         out.print(
             f"{state}: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}", highlight=False
         )
-    if not heads:
+    for exc in run.refused:
+        err.print(f"NOT SIGNED: {exc}", highlight=False, soft_wrap=True)
+    if run.refused:
+        raise typer.Exit(1)
+    if not run.heads:
         out.print("nothing to sign: the ledger is empty")
 
 
