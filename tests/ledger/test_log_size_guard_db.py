@@ -51,9 +51,9 @@ def test_no_role_may_write_a_size_its_journal_does_not_give(request, who: str, s
     _setup(engine, "C-1")
     before = _sizes(engine)
     eng = request.getfixturevalue(who)
-    with pytest.raises(DBAPIError, match="size only ever follows its journal"):
-        with eng.begin() as c:
-            c.execute(text(sql))
+    with pytest.raises(DBAPIError, match="size only ever follows its journal"), \
+            eng.begin() as c:
+        c.execute(text(sql))
     assert _sizes(engine) == before
 
 
