@@ -30,7 +30,7 @@ def _setup(engine, *cids: str) -> None:
                                             for i in range(3)]))
         assert not errors, errors
         with unit_of_work(engine) as s:
-            ingest(s, recs, line_locator([r.line for r in recs]))
+            ingest(s, recs, line_locator([r.line or 0 for r in recs]))
 
 
 def _sizes(engine) -> dict[str, int]:
@@ -64,8 +64,8 @@ def test_appends_still_pass_the_check_several_in_one_transaction(engine) -> None
     recs, errors = parse_jsonl(f.jsonl([f.failure(at=f.later(10 + i)) for i in range(4)]))
     assert not errors
     with unit_of_work(engine) as s:
-        ingest(s, recs[:2], line_locator([r.line for r in recs[:2]]))
-        ingest(s, recs[2:], line_locator([r.line for r in recs[2:]]))
+        ingest(s, recs[:2], line_locator([r.line or 0 for r in recs[:2]]))
+        ingest(s, recs[2:], line_locator([r.line or 0 for r in recs[2:]]))
     assert _sizes(engine)["C-1"] == 8  # the contract entry, 3 failures, 4 more
 
 
