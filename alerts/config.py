@@ -201,5 +201,4 @@ class AlertsConfig:
     @property
     def policy(self) -> RetryPolicy:
         """The retry policy (never None after construction)."""
-        assert self.retry is not None
-        return self.retry
+        return self.retry or RetryPolicy()

@@ -38,6 +38,7 @@ from billing.years import contract_year_bounds, require_aware
 from ledger import journal, tree
 from ledger.checkpoints import sign_log
 from ledger.contracts import get_contract, list_contracts
+from ledger.errors import InvariantBroken
 from ledger.note import Signer
 
 __all__ = ["CloseResult", "close_due", "close_year", "credit_note_number"]
@@ -104,7 +105,8 @@ def _unchanged(session: Session, state: BillingYear, contract_id: str, year: int
     from billing.models import Close
 
     first = session.get(Close, state.close_event_id)
-    assert first is not None
+    if first is None:
+        raise InvariantBroken(f"close {state.close_event_id} is in the year but not projected")
     live = _live_credit(session, contract_id, year)
     return CloseResult(
         contract_id=contract_id,

@@ -39,6 +39,7 @@ from billing.terms import FAILURE_CLASSES
 from billing.years import require_aware
 from ledger import ids, journal
 from ledger.contracts import get_contract
+from ledger.errors import InvariantBroken
 from ledger.models import Failure
 
 __all__ = [
@@ -142,7 +143,8 @@ def open_dispute(
     )
     entries.append(session, [entry], sizes)
     d = session.get(Dispute, did)
-    assert d is not None
+    if d is None:
+        raise InvariantBroken(f"dispute {did} was appended but not projected")
     return DisputeResult(dispute=dispute_json(d), event_ids=[str(did)])
 
 

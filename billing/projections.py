@@ -40,6 +40,7 @@ from billing.models import (
     Reclassification,
 )
 from billing.years import year_of
+from ledger.errors import InvariantBroken
 from ledger.models import Contract, Failure
 from ledger.projections import ProjectedEntry, ProjectionError, Projector
 
@@ -190,7 +191,8 @@ def _close(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionErro
     b = e.body
     fig = b["figures"]
     year = int(b["year"])
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(Close).values(
             event_id=e.event_id,
@@ -253,7 +255,8 @@ def _close(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionErro
 
 def _credit(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionError | None:
     b = e.body
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(Credit).values(
             credit_id=e.event_id,
@@ -309,7 +312,8 @@ def _application(session: Session, batch: _Batch, e: ProjectedEntry) -> Projecti
         return ProjectionError(
             e.event_id, "amount", f"applying {amount} exceeds the credit's remaining balance"
         )
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(CreditApplication).values(
             event_id=e.event_id,
@@ -335,7 +339,8 @@ def _application(session: Session, batch: _Batch, e: ProjectedEntry) -> Projecti
 
 def _dispute_opened(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionError | None:
     b = e.body
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(Dispute).values(
             dispute_id=e.event_id,
@@ -378,7 +383,8 @@ def _dispute_decided(session: Session, batch: _Batch, e: ProjectedEntry) -> Proj
 
 def _reclassification(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionError | None:
     b = e.body
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(Reclassification).values(
             event_id=e.event_id,
@@ -396,7 +402,8 @@ def _reclassification(session: Session, batch: _Batch, e: ProjectedEntry) -> Pro
 
 def _amendment(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionError | None:
     b = e.body
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(Amendment).values(
             event_id=e.event_id,
@@ -414,7 +421,8 @@ def _amendment(session: Session, batch: _Batch, e: ProjectedEntry) -> Projection
 
 def _export(session: Session, batch: _Batch, e: ProjectedEntry) -> ProjectionError | None:
     b = e.body
-    assert e.occurred_at is not None
+    if e.occurred_at is None:
+        raise InvariantBroken(f"entry {e.event_id} has no occurred_at")
     session.execute(
         pg_insert(ExportRecord).values(
             event_id=e.event_id,

@@ -24,6 +24,8 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
+from ledger.errors import ensure
+
 __all__ = [
     "RATE_PLACES",
     "Standing",
@@ -232,7 +234,7 @@ def _round_half_even(value: Fraction, places: int) -> Fraction:
 def _fixed(value: Fraction, places: int) -> str:
     """An exact multiple of 10^-places as a plain string with exactly ``places`` decimals."""
     scaled = value * 10**places
-    assert scaled.denominator == 1, "only for values already rounded"
+    ensure(scaled.denominator == 1, "only for values already rounded")
     n = scaled.numerator
     sign = "-" if n < 0 else ""
     whole, frac = divmod(abs(n), 10**places)

@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ledger.errors import InvariantBroken
+
 #: COPY's binary format (PostgreSQL manual, "COPY", "Binary Format"): the signature,
 #: a flags word and a header extension length, then rows, then the trailer.
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -105,7 +107,8 @@ def copy_rows(
     knows are encoded by it, in one buffer; others go through psycopg row by row.
     """
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise InvariantBroken("the session's database connection is closed")
     cols = ", ".join(columns)
     binary = " (FORMAT BINARY)" if types is not None else ""
     with conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN{binary}") as copy:
@@ -132,7 +135,8 @@ def copy_binary(
     them out; sent in pieces of about a megabyte.
     """
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise InvariantBroken("the session's database connection is closed")
     statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
     with conn.cursor() as cur, cur.copy(statement) as copy:
         pending = [_SIGNATURE]

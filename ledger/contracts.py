@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ledger import ids, journal, projections
 from ledger.canonical import canonical_bytes
-from ledger.errors import IngestRefused, UnknownContract
+from ledger.errors import IngestRefused, UnknownContract, ensure
 from ledger.models import Contract
 from ledger.records import ContractSpec, RecordError, contract_from_record
 
@@ -104,7 +104,7 @@ def add_contracts(
             for e, s in zip(fresh, stored, strict=True)
         ],
     )
-    assert not problems, problems
+    ensure(not problems, f"contract entries do not match their projection: {problems}")
     return AddResult(created=[e.contract_id for e in fresh], unchanged=unchanged)
 
 

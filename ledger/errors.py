@@ -9,6 +9,7 @@ Other ledger modules may add their own small, clearly named classes to this file
 from __future__ import annotations
 
 __all__ = [
+    "InvariantBroken",
     "KeyFileError",
     "LedgerError",
     "LogInconsistent",
@@ -17,6 +18,7 @@ __all__ = [
     "ProofError",
     "SuperuserLogin",
     "TreeSizeError",
+    "ensure",
 ]
 
 
@@ -50,6 +52,20 @@ class IngestRefused(LedgerError):
         first = "; ".join(str(e) for e in self.errors[:3])
         more = f" (and {self.count - 3} more)" if self.count > 3 else ""
         super().__init__(f"{what} refused, nothing written: {first}{more}")
+
+
+class InvariantBroken(RuntimeError):
+    """A condition the code relies on does not hold: a bug, or data changed outside yoco.
+
+    The named error every guard raises instead of ``assert`` (which ``python -O``
+    removes). Not a :class:`LedgerError`: the caller's input was fine."""
+
+
+def ensure(condition: object, message: str) -> None:
+    """Raise :class:`InvariantBroken` with ``message`` unless ``condition`` is true; the
+    one replacement of a safety ``assert`` (kept under ``python -O``)."""
+    if not condition:
+        raise InvariantBroken(message)
 
 
 class SuperuserLogin(RuntimeError):

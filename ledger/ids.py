@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import uuid
 
+from ledger.errors import ensure
 from yoco_records.schema import is_producer_event_id
 
 __all__ = ["derived_id", "is_producer_event_id", "random_internal_id"]
@@ -26,7 +27,7 @@ _VARIANT_MASK = 0x3 << 62
 def derived_id(namespace: uuid.UUID, name: str) -> uuid.UUID:
     """The deterministic id (UUID v5) of the system's entry ``name`` in ``namespace``."""
     eid = uuid.uuid5(namespace, name)
-    assert not is_producer_event_id(eid)
+    ensure(not is_producer_event_id(eid), f"derived id {eid} is in the producers' space")
     return eid
 
 
@@ -36,5 +37,6 @@ def random_internal_id() -> uuid.UUID:
     n = (n & ~_VERSION_MASK) | (0x8 << 76)
     n = (n & ~_VARIANT_MASK) | (0x2 << 62)
     eid = uuid.UUID(int=n)
-    assert eid.version == 8 and not is_producer_event_id(eid)
+    ensure(eid.version == 8 and not is_producer_event_id(eid),
+           f"random id {eid} is not a version 8 id outside the producers' space")
     return eid

@@ -32,7 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger import journal, merkle, projections
-from ledger.errors import IngestRefused
+from ledger.errors import IngestRefused, InvariantBroken
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
 from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
@@ -275,7 +275,8 @@ def ingest_batch(
     if prepared.errors:
         raise IngestRefused(prepared.errors, prepared.what)
     if before_write is not None:
-        assert prepared.keys is not None
+        if prepared.keys is None:
+            raise InvariantBroken("a prepared batch without its keys")
         before_write(prepared.keys)
     with unit() as session:
         # Identical repeats collapse, so record i is not always element i: the refusals
@@ -355,7 +356,8 @@ def _existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, by
     """
     found: dict[str, bytes] = {}
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise InvariantBroken("the session's database connection is closed")
     leaf_hash = merkle.leaf_hash
     with conn.cursor(binary=True) as cur:
         for start in range(0, len(event_ids), 50000):

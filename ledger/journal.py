@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from ledger import bulk, merkle, tree
+from ledger.errors import InvariantBroken
 from ledger.models import JournalEntry, LedgerLog
 
 __all__ = [
@@ -123,7 +124,8 @@ def encode_entries(
             if len(raw) != 16:
                 raise ValueError(f"not a UUID: {event_id!r}")
         else:
-            assert isinstance(event_id, uuid.UUID)
+            if not isinstance(event_id, uuid.UUID):
+                raise ValueError(f"not a UUID: {event_id!r}")
             eid = str(event_id)
             raw = event_id.bytes
         named = names.get((kind, contract_id))
@@ -302,5 +304,6 @@ def log_size(session: Session, log_id: str) -> int:
 def entry_body(canonical: bytes) -> dict[str, Any]:
     """The parsed body of canonical entry bytes."""
     body = json.loads(canonical)
-    assert isinstance(body, dict)
+    if not isinstance(body, dict):
+        raise InvariantBroken("a journal entry's body is not a JSON object")
     return body

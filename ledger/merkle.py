@@ -221,7 +221,8 @@ def _getter(source: NodeSource) -> Callable[[int, int], bytes]:
 
 def _fold(coords: Sequence[Coord], get: Callable[[int, int], bytes]) -> bytes:
     """Right fold of perfect nodes: MTH of the range they tile."""
-    assert coords, "cannot fold an empty node list"
+    if not coords:
+        raise TreeSizeError("cannot fold an empty node list")
     h = get(*coords[-1])
     for i in range(len(coords) - 2, -1, -1):
         h = _sha256(_NODE_PREFIX + get(*coords[i]) + h).digest()

@@ -23,6 +23,7 @@ from decimal import Decimal
 from typing import Any, Final, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ledger.errors import InvariantBroken
 from yoco_records.canonical import (
     JsonInputError,
     decimal_of,
@@ -208,7 +209,8 @@ def validate_batch(
 
 def _failure_ref(record: Record) -> str:
     data = record.data
-    assert isinstance(data, OutcomeRec | ExclusionRec)
+    if not isinstance(data, OutcomeRec | ExclusionRec):
+        raise InvariantBroken(f"a {record.kind} record names no failure")
     return data.failure_event_id
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.bulk import copy_binary, text_field
-from ledger.errors import LogInconsistent
+from ledger.errors import InvariantBroken, LogInconsistent
 
 #: The Merkle nodes' COPY columns and their types (see :func:`node_rows`).
 NODE_COLUMNS = ("log_id", "level", "idx", "hash")
@@ -38,7 +38,7 @@ def load_nodes(
         return {}
     conn = session.connection().connection.driver_connection
     if conn is None:
-        raise RuntimeError("the session's database connection is closed")
+        raise InvariantBroken("the session's database connection is closed")
     with conn.cursor(binary=True) as cur:
         cur.execute(
             _LOAD_NODES_SQL, ([lv for lv, _ in wanted], [ix for _, ix in wanted], log_id)

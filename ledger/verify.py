@@ -28,7 +28,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from ledger import merkle, note
-from ledger.errors import NoteError, VerificationFailed
+from ledger.errors import InvariantBroken, NoteError, VerificationFailed, ensure
 from ledger.models import PROJECTION_TABLES, Checkpoint, LedgerLog
 from ledger.projections import Projector
 
@@ -119,7 +119,8 @@ _ROWS_SQL = text(
 
 def _driver(session: Session) -> Any:
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise InvariantBroken("the session's database connection is closed")
     return conn
 
 
@@ -398,7 +399,7 @@ def _pk_columns(session: Session, schema: str, table: str) -> list[str]:
         ),
         {"t": f"{_ident(schema)}.{_ident(table)}"},
     ).scalars().all()
-    assert cols, f"projection table {table} has no primary key"
+    ensure(cols, f"projection table {table} has no primary key")
     return list(cols)
 
 
@@ -451,7 +452,7 @@ def verify_projections(
                 text("SELECT relpersistence FROM pg_class WHERE oid = to_regclass(:t)"),
                 {"t": _ident(t)},
             ).scalar_one()
-            assert persistence == "t", f"{t} does not resolve to the temporary table"
+            ensure(persistence == "t", f"{t} does not resolve to the temporary table")
         replay(session, extra, kinds=kinds)
         for t in tables:
             report.projection_rows += _compare(session, schema, t, keys[t])
@@ -500,7 +501,8 @@ def _compare(session: Session, schema: str, table: str, key: list[str]) -> int:
     have = session.execute(text(f"SELECT * FROM {stored} WHERE {cond}"), params).mappings().one()
     want = session.execute(text(f"SELECT * FROM {replayed} WHERE {cond}"), params).mappings().one()
     column = next((c for c in have if _differs(have[c], want[c])), None)
-    assert column is not None, f"{table} ({named}) differs in text but not in any column"
+    if column is None:
+        raise InvariantBroken(f"{table} ({named}) differs in text but not in any column")
     raise VerificationFailed(
         f"projection {table}: row ({named}), column {column}: stored {have[column]!r}, "
         f"the journal gives {want[column]!r} (the row was edited)",

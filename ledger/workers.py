@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from ledger.errors import InvariantBroken
+
 __all__ = ["PrepareWorker", "WorkerFailed"]
 
 _LENGTH = struct.Struct(">Q")
@@ -85,7 +87,8 @@ class PrepareWorker:
 
     def _send(self) -> None:
         stdin = self._child.stdin
-        assert stdin is not None
+        if stdin is None:
+            raise InvariantBroken("the worker was started without a stdin pipe")
         try:
             while (job := self._outbox.get()) is not _STOP:
                 _write_frame(stdin, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
@@ -97,7 +100,8 @@ class PrepareWorker:
 
     def _receive(self) -> None:
         stdout = self._child.stdout
-        assert stdout is not None
+        if stdout is None:
+            raise InvariantBroken("the worker was started without a stdout pipe")
         while (frame := _read_frame(stdout)) is not None:
             # The pipe's other end is the child this object started: trusted bytes.
             self._inbox.put(pickle.loads(frame))  # noqa: S301

@@ -25,6 +25,8 @@ from typing import Any
 
 import jinja2
 
+from ledger.errors import InvariantBroken
+
 __all__ = ["STATIC", "TEMPLATES", "environment", "html_to_pdf", "render_template"]
 
 PACKAGE = Path(__file__).resolve().parent
@@ -179,5 +181,6 @@ def html_to_pdf(html: str) -> bytes:
             pdf_identifier=identifier,
             attachments=attachments,
         )
-    assert isinstance(pdf, bytes)
+    if not isinstance(pdf, bytes):
+        raise InvariantBroken("the PDF renderer returned no bytes")
     return pdf

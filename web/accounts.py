@@ -16,6 +16,7 @@ from argon2 import PasswordHasher
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
+from ledger.errors import ensure
 from ledger.models import Contract
 from web.errors import Invalid, RateLimited
 from web.models import ROLES, ApiToken, PortalSession, PortalUser
@@ -214,7 +215,7 @@ def claim_attempt(
             "backoff": backoff.total_seconds(),
         },
     ).scalars().all()
-    assert len(claimed) == len(names), "rows locked and unblocked, yet not all counted"
+    ensure(len(claimed) == len(names), "rows locked and unblocked, yet not all counted")
 
 
 def release_attempt(session: Session, keys: dict[str, int], *, now: datetime) -> None:

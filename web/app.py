@@ -99,7 +99,8 @@ def _json_error(status: int, message: str, errors: Any = None) -> JSONResponse:
 
 
 async def _web_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, WebError)
+    if not isinstance(exc, WebError):
+        raise exc
     headers = {}
     if isinstance(exc, RateLimited):
         headers["Retry-After"] = str(exc.retry_after)
@@ -162,7 +163,8 @@ async def _any_error(request: Request, exc: Exception) -> Response:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
+    if not isinstance(exc, StarletteHTTPException):
+        raise exc
     if _is_api(request):
         return _json_error(exc.status_code, str(exc.detail), None)
     if exc.status_code == 404:
@@ -171,7 +173,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
+    if not isinstance(exc, RequestValidationError):
+        raise exc
     if _is_api(request):
         from fastapi.encoders import jsonable_encoder
 

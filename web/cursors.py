@@ -22,6 +22,7 @@ import hmac
 import json
 from typing import Any
 
+from ledger.errors import InvariantBroken
 from web.errors import WebError
 
 #: Longest cursor accepted (a sort key is a few short values).
@@ -78,7 +79,8 @@ class CursorCodec:
                 "ask for the first page of this list again without 'cursor'."
             )
         position = data.get("p")
-        assert isinstance(position, list)  # we signed it
+        if not isinstance(position, list):  # we signed it: only a leaked key gets here
+            raise InvariantBroken("a signed cursor without its position")
         return position
 
 

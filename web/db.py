@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from ledger.errors import InvariantBroken
 from ledger.sessions import APP_ROLE, PORTAL_ROLE, login_engine, unit_of_work
 from web.accounts import Principal
 
@@ -73,7 +74,8 @@ async def probe_connection(engine: Engine) -> Any:
                 "SELECT session_user, rolsuper FROM pg_roles WHERE rolname = session_user"
             )
             row = await cur.fetchone()
-        assert row is not None
+        if row is None:
+            raise InvariantBroken("the server did not say who is logged in")
         user, superuser = row
         if superuser:
             raise SuperuserLogin(_refusal(user))
@@ -161,7 +163,8 @@ def probe_state(row: Any, contract_id: str | None) -> LogState | ListState | Non
     """The state in the last row of :func:`probe_statement`'s probe (None: no row, the
     contract is not visible)."""
     if contract_id is None:
-        assert row is not None  # an aggregate: always one row
+        if row is None:  # an aggregate: always one row
+            raise InvariantBroken("the contract list's probe returned no row")
         return ListState(count=int(row[0]), digest=str(row[1]))
     if row is None:
         return None
@@ -229,14 +232,16 @@ class PortalDb:
         client-side by psycopg's ``ClientCursor`` (quoted as literals).
         """
         state = self._probe(principal, contract_id)
-        assert not isinstance(state, ListState)
+        if isinstance(state, ListState):
+            raise InvariantBroken("a contract's probe answered with a list")
         return state
 
     def visible_list_state(self, principal: Principal) -> ListState:
         """What ``principal``'s list of contracts shows (:class:`ListState`), in one
         round trip as :meth:`visible_state`."""
         state = self._probe(principal, None)
-        assert isinstance(state, ListState)
+        if not isinstance(state, ListState):
+            raise InvariantBroken("the list's probe answered with a contract")
         return state
 
     def _probe(
@@ -249,7 +254,8 @@ class PortalDb:
         fairy = (self.probe_engine or self.read_engine).raw_connection()
         try:
             conn = fairy.driver_connection
-            assert isinstance(conn, psycopg.Connection)
+            if not isinstance(conn, psycopg.Connection):
+                raise InvariantBroken("the probe engine is not a psycopg connection")
             was = conn.autocommit
             if not was:  # the pool hands out idle connections: no transaction
                 conn.autocommit = True

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from argon2 import PasswordHasher
 from fastapi.templating import Jinja2Templates
 
+from ledger.errors import InvariantBroken
 from web import filters
 from web.accounts import Principal
 from web.cursors import CursorCodec
@@ -295,7 +296,8 @@ class Portal:
         db: PortalDb | None = self.__dict__.get("db")
         if db is None:
             db = await run_in_threadpool(lambda: self.db)
-        assert db.probe_engine is not None
+        if db.probe_engine is None:
+            raise InvariantBroken("the portal's probe engine is not set up")
         return await probe_connection(db.probe_engine)
 
     @cached_property

@@ -92,7 +92,8 @@ def remote_client() -> Iterator[Any]:
     message (1 when the server failed or cannot be reached)."""
     from yoco.client import ApiError, Client, ConnectionFailed, ServerError
 
-    assert REMOTE.server is not None
+    if REMOTE.server is None:
+        fail("no --server given")
     try:
         api = Client(REMOTE.server, REMOTE.token)
     except ValueError as exc:

@@ -309,7 +309,8 @@ def apply_cmd(
     from billing.credits import apply_credit
 
     d = _date("--date", applied_on)
-    assert d is not None
+    if d is None:
+        fail("--date: required")
     with application() as ctx:
         r = _unit(
             ctx,
@@ -403,7 +404,8 @@ def amend_cmd(
     from billing.amendments import amend_contract
 
     eff = _date("--effective", effective)
-    assert eff is not None
+    if eff is None:
+        fail("--effective: required")
     changes: dict[str, Any] = {}
     if annual_value is not None:
         changes["annual_value"] = annual_value

@@ -325,7 +325,8 @@ def embedded_url(
     ``postgres`` is the server's bootstrap superuser: only :func:`bootstrap` uses it.
     """
     info = server.get_postmaster_info()
-    assert info.socket_dir is not None, "embedded server listens on a Unix socket"
+    if info.socket_dir is None:
+        raise DatabaseStartError("the embedded server does not listen on a Unix socket")
     return (
         f"postgresql+psycopg://{quote(user)}@/{quote(database)}"
         f"?host={quote(str(info.socket_dir))}&port={info.port}"

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ledger.errors import ensure
 from yoco.app import App
 
 log = logging.getLogger(__name__)
@@ -421,7 +422,7 @@ def run_demo(
     _step(console, 2, "SAMPLE", "contracts of made-up customers")
     chosen = SAMPLE_CONTRACTS[:contracts]
     specs, errors = parse_contracts(json.dumps(chosen).encode())
-    assert not errors, errors
+    ensure(not errors, f"the sample contracts are refused: {errors}")
     with unit_of_work(ctx.engine) as s:
         added = add_contracts(s, specs)
     for c in chosen:

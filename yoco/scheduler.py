@@ -79,7 +79,8 @@ class CloseDueScheduler:
 
     def start(self) -> None:
         """Start the thread (the first run happens at once)."""
-        assert self._thread is None, "started twice"
+        if self._thread is not None:
+            raise RuntimeError("the scheduler was started twice")
         self._thread = threading.Thread(target=self._loop, name="yoco-close-due", daemon=True)
         self._thread.start()
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.orm import Session
 
+from ledger.errors import InvariantBroken
 from reports.monthly import MonthlyReport, PreparedReport
 from web import services
 from web.accounts import Principal
@@ -75,7 +76,8 @@ def report_html(contract_id: str, month: str, user: UserDep, db: PageDb) -> Resp
 def report_pdf(contract_id: str, month: str, user: UserDep, db: PageDb) -> Response:
     """The monthly report as PDF (download)."""
     report = _report(db, user, contract_id, month, html_only=False)
-    assert isinstance(report, MonthlyReport)
+    if not isinstance(report, MonthlyReport):
+        raise InvariantBroken("a PDF was asked for, an HTML-only report came back")
     return Response(
         report.pdf,
         media_type="application/pdf",
