@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import journal, merkle, projections
+from ledger import journal, merkle, plausibility, projections
 from ledger.errors import IngestRefused, InvariantBroken
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
@@ -478,6 +478,8 @@ def _ingest_indexed(
             for j, when, body in loaded.projected
         ]
         problems = projections.project(session, projected, extra_projectors)
+        if not problems:  # the rules that need the job (issue 27): ingest only, not replay
+            problems = plausibility.check_outcomes(session, projected)
         if problems:
             at = [j for j, _, _ in loaded.projected]
             where = {e.event_id: part[j] for e, j in zip(projected, at, strict=True)}

@@ -385,6 +385,29 @@ def _uuid(ctx: _Ctx, path: str, value: Any) -> Any:
     return canonical
 
 
+def implausible_outcome(
+    gpus_affected: int, lost_steps: int, *, job_gpus: int | None, reached_step: int | None
+) -> list[tuple[str, str]]:
+    """The plausibility rules of an ``outcome`` against its failure's job, as
+    ``(field, message)`` pairs (empty: plausible). Checked where the job is known (the
+    ledger's ingest, :mod:`ledger.plausibility`), so that one record cannot make a year's
+    lost GPU-hours 1e30:
+
+    * ``gpus_affected`` is at most the job's GPUs (its ``job_started``), when known;
+    * ``lost_steps`` is at most the step the job had reached at the failure (the
+      failure's ``step``, else the job's latest ``job_progress`` before it), when known:
+      a job cannot lose steps it never made.
+    """
+    problems: list[tuple[str, str]] = []
+    if job_gpus is not None and gpus_affected > job_gpus:
+        problems.append(("gpus_affected", f"must be at most the job's {job_gpus} GPUs "
+                                          f"(got {gpus_affected})"))
+    if reached_step is not None and lost_steps > reached_step:
+        problems.append(("lost_steps", f"must be at most {reached_step}, the step the job "
+                                       f"had reached at the failure (got {lost_steps})"))
+    return problems
+
+
 def is_producer_event_id(value: str | uuid.UUID) -> bool:
     """Whether ``value`` is a random UUID v4 (RFC 9562 variant, version 4).
 
