@@ -7,12 +7,29 @@ from __future__ import annotations
 
 import secrets
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 
 from web.deps import ANON_COOKIE, caller, csrf_binding, get_portal
+
+#: What an RFC 8187 ``filename*`` value may carry unencoded (its ``attr-char``).
+_ATTR_SAFE = "!#$&+-.^_`|~"
+
+
+def attachment(filename: str) -> dict[str, str]:
+    """The ``Content-Disposition`` header of a download named ``filename`` (RFC 6266): a
+    plain ``filename`` for older clients (printable ASCII only, quotes and backslashes
+    replaced) and ``filename*`` with the exact name in UTF-8, percent-encoded. Any name —
+    a contract id in Cyrillic, a quote, a CR — gives a valid header, never a 500; path
+    separators become ``_`` in both."""
+    name = filename.replace("/", "_").replace("\\", "_")
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    encoded = quote(name, safe=_ATTR_SAFE, encoding="utf-8")
+    return {"Content-Disposition": f"attachment; filename=\"{fallback}\"; "
+                                   f"filename*=UTF-8''{encoded}"}
 
 
 def secure_cookies(request: Request, mode: str) -> bool:

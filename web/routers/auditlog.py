@@ -21,6 +21,7 @@ from web.conditional import client_has, conditional_headers, not_modified
 from web.deps import PageDb, PortalDep, ReaderDep, UserDep
 from web.errors import Invalid, NotFound
 from web.pagecache import scope_key
+from web.render import attachment
 from web.schemas import ERRORS
 
 router = APIRouter(tags=["proofs"], responses=ERRORS)
@@ -41,13 +42,12 @@ def _download(
         info, data = export_tar(db, contract_id, checkpoint)
     except LedgerError as exc:
         raise Invalid(str(exc)) from None
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in contract_id)
-    name = f"{safe}-log-{info.tree_size}.tar.gz"
+    name = f"{contract_id}-log-{info.tree_size}.tar.gz"
     return Response(
         data,
         media_type="application/gzip",
         headers={
-            "Content-Disposition": f'attachment; filename="{name}"',
+            **attachment(name),
             "X-Yoco-Tree-Size": str(info.tree_size),
         },
     )

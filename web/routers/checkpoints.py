@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from web import services
 from web.deps import PageDb, PortalDep, UserDep
-from web.render import page
+from web.render import attachment, page
 
 router = APIRouter(include_in_schema=False)
 
@@ -49,7 +49,7 @@ def consistency_download(
     return Response(
         json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
         media_type="application/json",
-        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        headers=attachment(name),
     )
 
 

@@ -15,7 +15,7 @@ from web.deps import CsrfDep, PageDb, PortalDep, UserDep
 from web.errors import Forbidden, Invalid
 from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
-from web.render import fragment, page
+from web.render import attachment, fragment, page
 
 router = APIRouter(include_in_schema=False)
 
@@ -141,9 +141,7 @@ def entry_proof(
     return Response(
         json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
         media_type="application/json",
-        headers={
-            "Content-Disposition": f'attachment; filename="proof-{bundle["event_id"]}.json"'
-        },
+        headers=attachment(f"proof-{bundle['event_id']}.json"),
     )
 
 

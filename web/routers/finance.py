@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from web import billing_bridge
 from web.deps import CsrfDep, FinanceDep, PageDb, PortalDep
 from web.errors import NotFound
-from web.render import page
+from web.render import attachment, page
 
 router = APIRouter(include_in_schema=False)
 
@@ -47,5 +47,5 @@ def export(fmt: str, user: FinanceDep, portal: PortalDep, _csrf: CsrfDep) -> Res
     return Response(
         data,
         media_type=FORMATS[fmt],
-        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        headers=attachment(name),
     )

@@ -14,7 +14,7 @@ from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
 from web.errors import NotFound
-from web.render import page
+from web.render import attachment, page
 
 router = APIRouter(include_in_schema=False)
 
@@ -81,7 +81,5 @@ def report_pdf(contract_id: str, month: str, user: UserDep, db: PageDb) -> Respo
     return Response(
         report.pdf,
         media_type="application/pdf",
-        headers={
-            "Content-Disposition": f'attachment; filename="sla-{contract_id}-{month}.pdf"'
-        },
+        headers=attachment(f"sla-{contract_id}-{month}.pdf"),
     )
