@@ -5,7 +5,12 @@ host's own cloud metadata service (169.254.169.254 and friends) or a link-local 
 would let whoever can configure a destination read credentials through the delivery log.
 So :func:`check_host` refuses, by default, any host that *resolves* to a link-local,
 metadata, unspecified, multicast or reserved address — checked when the destination is
-configured and again before every attempt (DNS may change). Loopback and private
+configured and again before every attempt (DNS may change), and the attempt connects to
+an address it just checked — the host is resolved once per attempt, the connection goes
+to that address, with the name kept for ``Host`` and TLS (SNI and the certificate check)
+— so a DNS answer that changes between the check and the connection (rebinding) is not
+used. An IPv6 address that carries an IPv4 (6to4, Teredo, NAT64, mapped, …) is judged
+by that IPv4 too (:func:`embedded_ipv4`). Loopback and private
 (RFC 1918, ULA) addresses are allowed: operators run receivers on their own networks.
 ``allow_unsafe_address`` (``--allow-unsafe-address``) lifts the check for one
 destination. Redirects are never followed (a 3xx is a failed attempt).
@@ -31,8 +36,10 @@ __all__ = [
     "RetryPolicy",
     "check_host",
     "check_webhook_url",
+    "embedded_ipv4",
     "retry_policy_of",
     "unsafe_reason",
+    "webhook_addresses",
 ]
 
 #: Cloud metadata endpoints outside the link-local ranges (AWS IPv6, Alibaba).
@@ -48,11 +55,49 @@ def _resolve(host: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-def unsafe_reason(address: str) -> str | None:
-    """Why ``address`` (an IP literal) is unsafe to send to, or None when it is fine."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+#: NAT64 prefixes (RFC 6052 well-known, RFC 8215 local-use) whose addresses carry an IPv4.
+_NAT64_WKP = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+#: The IPv4-compatible (::/96, deprecated) and IPv4-translated (::ffff:0:0:0/96) forms.
+_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+#: ISATAP interface identifiers (RFC 5214): ``0:5efe`` or ``200:5efe``, then the IPv4.
+_ISATAP_IIDS = (0x00005EFE, 0x02005EFE)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[tuple[ipaddress.IPv4Address, str]]:
+    """Every IPv4 address ``ip`` carries, with the form that carries it: IPv4-mapped,
+    IPv4-compatible, IPv4-translated, 6to4 (2002::/16), Teredo (2001::/32: its server
+    and its client), NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48, RFC 6052)
+    and ISATAP. A relay or translator on the way may deliver to that IPv4, so each is
+    checked like an IPv4 address given directly."""
+    n = int(ip)
+    low32 = ipaddress.IPv4Address(n & 0xFFFFFFFF)
+    found: list[tuple[ipaddress.IPv4Address, str]] = []
+    if ip.ipv4_mapped is not None:
+        found.append((ip.ipv4_mapped, "IPv4-mapped"))
+    if ip in _TRANSLATED:
+        found.append((low32, "IPv4-translated"))
+    if ip in _COMPATIBLE and n > 1:
+        found.append((low32, "IPv4-compatible"))
+    if ip.sixtofour is not None:
+        found.append((ip.sixtofour, "6to4"))
+    if ip.teredo is not None:
+        server, client = ip.teredo
+        found += [(server, "Teredo server"), (client, "Teredo client")]
+    if ip in _NAT64_WKP:
+        found.append((low32, "NAT64"))
+    if ip in _NAT64_LOCAL:
+        # RFC 6052, a /48 prefix: bits 48-63 and 72-87 (bits 64-71 are the u octet);
+        # a /96 inside it keeps the last 32 bits.
+        v4 = ((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)
+        found += [(ipaddress.IPv4Address(v4), "NAT64"), (low32, "NAT64")]
+    if (n >> 32) & 0xFFFFFFFF in _ISATAP_IIDS:
+        found.append((low32, "ISATAP"))
+    return found
+
+
+def _reason(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     if ip in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if ip.is_loopback:
@@ -66,6 +111,22 @@ def unsafe_reason(address: str) -> str | None:
     if ip.is_reserved:
         return "reserved"
     return None
+
+
+def unsafe_reason(address: str) -> str | None:
+    """Why ``address`` (an IP literal) is unsafe to send to, or None when it is fine.
+
+    An IPv6 address carrying an IPv4 (:func:`embedded_ipv4`) is unsafe when that IPv4
+    is; the IPv4 is then named."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        for v4, form in embedded_ipv4(ip):
+            why = _reason(v4)
+            if why is not None:
+                return f"{why}: {v4}, carried in the address ({form})"
+        if ip.ipv4_mapped is not None:
+            return None  # the IPv4 it maps to decides, as for the IPv4 itself
+    return _reason(ip)
 
 
 def check_host(host: str, *, field: str, allow_unsafe: bool = False,
@@ -105,6 +166,15 @@ def check_webhook_url(url: str, *, allow_unsafe: bool = False,
                       resolve: Resolver | None = None) -> str:
     """Refuse a webhook URL that is malformed, not http(s), carries credentials or points
     at an unsafe address; return it unchanged. Errors name the field (``url``)."""
+    webhook_addresses(url, allow_unsafe=allow_unsafe, resolve=resolve)
+    return url
+
+
+def webhook_addresses(url: str, *, allow_unsafe: bool = False,
+                      resolve: Resolver | None = None) -> list[str]:
+    """The checks of :func:`check_webhook_url`; return the addresses the host resolved
+    to, every one of them checked (empty with ``allow_unsafe``: nothing is resolved).
+    The sender connects to one of these very addresses (no second lookup)."""
     if not isinstance(url, str) or not url.strip() or url != url.strip():
         raise BadDestination("url: expected an http:// or https:// URL")
     if len(url) > 2000:
@@ -135,8 +205,7 @@ def check_webhook_url(url: str, *, allow_unsafe: bool = False,
         _ = parts.port
     except ValueError as exc:
         raise BadDestination(f"url: bad port ({exc})") from exc
-    check_host(host, field="url", allow_unsafe=allow_unsafe, resolve=resolve)
-    return url
+    return check_host(host, field="url", allow_unsafe=allow_unsafe, resolve=resolve)
 
 
 @dataclass(kw_only=True, slots=True)

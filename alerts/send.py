@@ -27,6 +27,7 @@ import hmac
 import json
 import random
 import smtplib
+import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +41,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from alerts.config import RetryPolicy, check_host, check_webhook_url
+from alerts.config import RetryPolicy, check_host, webhook_addresses
 from alerts.errors import AlertsError, DeliveryBroken
 from alerts.events import idempotency_key, one_line
 from alerts.models import AlertAttempt, AlertDelivery, AlertDestination, AlertEvent
@@ -127,6 +128,20 @@ def _short(text_: str, n: int = 300) -> str:
     return text_ if len(text_) <= n else text_[: n - 1] + "…"
 
 
+def _pinned(url: str, addresses: list[str]) -> tuple[httpx.URL, dict[str, Any], str | None]:
+    """The request target that connects to ``addresses[0]`` (checked just now) instead of
+    resolving the host again, the extensions that keep the name for TLS (SNI and the
+    certificate check) and the ``Host`` header; the URL as it is when nothing was
+    resolved (``--allow-unsafe-address``) or the host is an address already."""
+    parsed = httpx.URL(url)
+    if not addresses or addresses[0].split("%", 1)[0] == parsed.host:
+        return parsed, {}, None
+    extensions: dict[str, Any] = {}
+    if parsed.scheme == "https":
+        extensions["sni_hostname"] = parsed.host
+    return parsed.copy_with(host=addresses[0]), extensions, parsed.netloc.decode("ascii")
+
+
 def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int, attempt: int,
                  body: bytes, now: datetime, timeout_s: float,
                  client: httpx.Client | None = None) -> AttemptResult:
@@ -135,9 +150,10 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
         return AttemptResult(ok=False, error=f"destination {dest.name}: a webhook without "
                              "its URL or secret")
     try:
-        check_webhook_url(dest.url, allow_unsafe=dest.allow_unsafe_address)
+        addresses = webhook_addresses(dest.url, allow_unsafe=dest.allow_unsafe_address)
     except AlertsError as exc:
         return AttemptResult(ok=False, error=str(exc))
+    target, extensions, host_header = _pinned(dest.url, addresses)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -150,7 +166,10 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
     own = client is None
     c = client or httpx.Client(follow_redirects=False, trust_env=False)
     try:
-        r = c.post(dest.url, content=body, headers=headers, timeout=timeout_s)
+        if host_header is not None:
+            headers["Host"] = host_header
+        r = c.post(target, content=body, headers=headers, timeout=timeout_s,
+                   extensions=extensions)
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # trying again cannot help
         return AttemptResult(ok=False, error=_short(f"url: {type(exc).__name__}: {exc}"))
     except httpx.TimeoutException as exc:
@@ -195,6 +214,19 @@ def email_message(dest: AlertDestination, event: AlertEvent, body: bytes,
     return msg
 
 
+class _PinnedSMTP(smtplib.SMTP):
+    """An SMTP client that connects to ``address`` (checked just now) while it speaks to,
+    and verifies the certificate of, the host's name (STARTTLS uses ``_host``)."""
+
+    def __init__(self, address: str | None, *, timeout: float) -> None:
+        self._address = address
+        super().__init__(timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return socket.create_connection((self._address or host, port), timeout,
+                                        self.source_address)
+
+
 def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: datetime,
                timeout_s: float, env: Mapping[str, str]) -> AttemptResult:
     """One SMTP submission of ``event``'s e-mail (STARTTLS and login when configured)."""
@@ -202,7 +234,8 @@ def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: d
         return AttemptResult(ok=False, error=f"destination {dest.name}: an e-mail "
                              "destination without its SMTP host or port")
     try:
-        check_host(dest.smtp_host, field="smtp_host", allow_unsafe=dest.allow_unsafe_address)
+        addresses = check_host(dest.smtp_host, field="smtp_host",
+                               allow_unsafe=dest.allow_unsafe_address)
     except AlertsError as exc:
         return AttemptResult(ok=False, error=str(exc))
     password = None
@@ -217,7 +250,8 @@ def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: d
     except (ValueError, TypeError) as exc:  # a header value email refuses: never sendable
         return AttemptResult(ok=False, error=_short(f"the message cannot be built: {exc}"))
     try:
-        with smtplib.SMTP(dest.smtp_host, dest.smtp_port, timeout=timeout_s) as smtp:
+        with _PinnedSMTP(addresses[0] if addresses else None, timeout=timeout_s) as smtp:
+            smtp.connect(dest.smtp_host, dest.smtp_port)
             smtp.ehlo()
             if dest.smtp_starttls:
                 smtp.starttls(context=ssl.create_default_context())
