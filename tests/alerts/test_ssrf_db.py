@@ -50,10 +50,10 @@ def test_every_ipv6_form_carrying_the_metadata_ipv4_is_refused(address: str, for
 def test_a_webhook_url_or_a_name_resolving_to_such_an_address_is_refused(
         engine, address: str) -> None:
     """The issue's 6to4 and Teredo forms, as a literal and behind a name; nothing written."""
-    with pytest.raises(UnsafeAddress, match="url: .*169.254.169.254"), \
+    with pytest.raises(UnsafeAddress, match=r"url: .*169\.254\.169\.254"), \
             unit_of_work(engine) as s:
         add_webhook(s, name="x", url=f"http://[{address}]/hook", secret=SECRET)
-    with pytest.raises(UnsafeAddress, match="169.254.169.254"):
+    with pytest.raises(UnsafeAddress, match=r"169\.254\.169\.254"):
         config.check_webhook_url("http://hooks.example/", resolve=lambda h: [address])
     with engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM alert_destinations")).scalar_one() == 0
