@@ -218,9 +218,10 @@ class _PinnedSMTP(smtplib.SMTP):
     """An SMTP client that connects to ``address`` (checked just now) while it speaks to,
     and verifies the certificate of, the host's name (STARTTLS uses ``_host``)."""
 
-    def __init__(self, address: str | None, *, timeout: float) -> None:
+    def __init__(self, address: str | None, host: str, *, timeout: float) -> None:
         self._address = address
         super().__init__(timeout=timeout)
+        self._host = host  # what STARTTLS sends as SNI and verifies the certificate for
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         return socket.create_connection((self._address or host, port), timeout,
@@ -250,7 +251,8 @@ def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: d
     except (ValueError, TypeError) as exc:  # a header value email refuses: never sendable
         return AttemptResult(ok=False, error=_short(f"the message cannot be built: {exc}"))
     try:
-        with _PinnedSMTP(addresses[0] if addresses else None, timeout=timeout_s) as smtp:
+        with _PinnedSMTP(addresses[0] if addresses else None, dest.smtp_host,
+                         timeout=timeout_s) as smtp:
             smtp.connect(dest.smtp_host, dest.smtp_port)
             smtp.ehlo()
             if dest.smtp_starttls:
