@@ -307,8 +307,10 @@ def deliver_next(
 
     The row is claimed with ``FOR UPDATE SKIP LOCKED``, so senders running at once never
     send the same delivery together; a sender that dies mid-way leaves it pending for the
-    next (the receiver's idempotency key makes a second send harmless). Never commits:
-    the caller commits one delivery per transaction.
+    next (the receiver's idempotency key makes a second send harmless). Whatever goes
+    wrong inside the delivery is rolled back to a savepoint and the delivery is
+    dead-lettered with the reason (:func:`dead_letter`), so it never holds back the
+    others. Never commits: the caller commits one delivery per transaction.
     """
     import os
 
