@@ -56,6 +56,7 @@ from ledger.records import ContractSpec
 from reports import charts
 from reports.data import CheckpointRecords, load_at_checkpoint
 from reports.errors import (
+    AlreadyIssued,
     BadMonth,
     CheckpointTooOld,
     MonthOutOfTerm,
@@ -67,6 +68,7 @@ from reports.render import html_to_pdf, render_template
 
 __all__ = [
     "REPORT_KIND",
+    "Draft",
     "MonthlyReport",
     "PreparedReport",
     "RecordedReport",
@@ -222,6 +224,9 @@ class PreparedReport:
     rows: tuple[sla.FailureRow, ...]
     credit: dict[str, Any] | None
     html: str
+    #: True for a draft: a rendering that is not (or not yet) the issued report, marked
+    #: as such on the page.
+    draft: bool = False
 
     @property
     def month_label(self) -> str:
@@ -430,15 +435,29 @@ def _forecast_text(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Marks a rendering as a draft, never to be confused with the issued report: the page
+    says so at the top and in every PDF page's header.  ``issued_checkpoint`` and
+    ``issued_seq`` name the month's issued report when there is one."""
+
+    issued_checkpoint: int | None = None
+    issued_seq: int | None = None
+
+
 def prepare_monthly_report(
     session: Session,
     contract_id: str,
     year: int,
     month: int,
     checkpoint_size: int | None = None,
+    *,
+    draft: Draft | None = None,
 ) -> PreparedReport:
     """Compute the month's figures over one signed checkpoint and render the HTML.
 
+    With ``draft``, the page is marked as a draft over that checkpoint (and names the
+    issued report, if any); without it, the rendering is the one that is issued.
     Reads only; never writes.  Raises :class:`~ledger.errors.UnknownContract`,
     :class:`BadMonth`, :class:`MonthOutOfTerm`, :class:`NoCheckpoint`,
     :class:`UnknownCheckpoint` or :class:`CheckpointTooOld` (all ValueErrors).
@@ -636,6 +655,7 @@ def prepare_monthly_report(
             "last_seq": cp.tree_size - 1,
         },
         "example_event": rows[0].failure.event_id if rows else None,
+        "draft": draft,
     }
     html = render_template(TEMPLATE, context)
     return PreparedReport(
@@ -655,6 +675,7 @@ def prepare_monthly_report(
         rows=rows,
         credit=credit,
         html=html,
+        draft=draft is not None,
     )
 
 
@@ -677,13 +698,17 @@ def build_monthly_report(
     year: int,
     month: int,
     checkpoint_size: int | None = None,
+    *,
+    draft: Draft | None = None,
 ) -> MonthlyReport:
     """The monthly report of ``contract_id`` for ``year-month`` over one signed checkpoint
     (default: the latest), as HTML and PDF with their SHA-256 digests.  Rendering only:
     nothing is written.  Same arguments and same checkpoint ⇒ identical HTML and PDF.
     Raises the errors of :func:`prepare_monthly_report`.
     """
-    return finish_report(prepare_monthly_report(session, contract_id, year, month, checkpoint_size))
+    return finish_report(
+        prepare_monthly_report(session, contract_id, year, month, checkpoint_size, draft=draft)
+    )
 
 
 def report_event_id(report: MonthlyReport) -> uuid.UUID:
@@ -756,9 +781,36 @@ def issue_monthly_report(
     month: int,
     checkpoint_size: int | None = None,
 ) -> tuple[MonthlyReport, RecordedReport]:
-    """:func:`build_monthly_report`, then record it (:func:`record_report`).  Never commits."""
-    report = build_monthly_report(session, contract_id, year, month, checkpoint_size)
-    return report, record_report(session, report)
+    """Issue the month (:mod:`reports.issued`): render it over the checkpoint (default: the
+    latest), store its bytes and record its entry; returns the rendering and its entry.
+
+    A month is issued once: when it was issued before, it is rendered again over the
+    issued checkpoint and returned with the existing entry (``created`` False) if the
+    bytes are the stored ones; another checkpoint, or other bytes (another software
+    version), raise :class:`~reports.errors.AlreadyIssued` — the stored bytes are
+    :func:`reports.issued.issued_document`'s.  Never commits.
+    """
+    from reports import issued as ri
+
+    label = f"{year:04d}-{month:02d}"
+    _check_month(year, month)
+    found = ri.issued_document(session, contract_id, label, with_bytes=False)
+    if found is not None and checkpoint_size not in (None, found.checkpoint_size):
+        raise AlreadyIssued(
+            f"{label} of {contract_id!r} was issued over checkpoint {found.checkpoint_size} "
+            f"(ledger entry {found.seq}); it is not issued again over {checkpoint_size}"
+        )
+    size = found.checkpoint_size if found is not None else checkpoint_size
+    report = build_monthly_report(session, contract_id, year, month, size)
+    stored = ri.issue_rendered(session, report)
+    if (stored.html_sha256, stored.pdf_sha256) != (report.html_sha256, report.pdf_sha256):
+        raise AlreadyIssued(
+            f"{label} of {contract_id!r} was issued as other bytes (ledger entry "
+            f"{stored.seq}); the issued ones are stored and served as issued"
+        )
+    return report, RecordedReport(
+        stored.event_id, stored.seq, stored.created, report_entry(report).body
+    )
 
 
 def find_issued(
