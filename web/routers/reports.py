@@ -1,14 +1,24 @@
-"""Monthly SLA reports of a contract (pages): the list, and each month as HTML or PDF."""
+"""Monthly SLA reports of a contract (pages): the list, each month's issued report as
+stored (HTML or PDF), and drafts over the latest checkpoint, marked as drafts.
+
+``/contracts/{id}/reports/{YYYY-MM}.html`` / ``.pdf`` serve the issued document's exact
+bytes (their SHA-256 is the ``report`` ledger entry's); a month not issued yet is sent
+to its draft (``?draft=1``), which is rendered over the latest signed checkpoint and
+says on every page that it is a draft and not the issued report.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from reports.monthly import MonthlyReport, PreparedReport
+from reports import issued as ri
+from reports.monthly import PreparedReport, file_stem, finish_report
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
@@ -22,6 +32,31 @@ REPORT_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
     "frame-ancestors 'none'"
 )
+#: Says what a report download is: ``issued`` (the stored bytes) or ``draft``.
+STATUS_HEADER = "X-Yoco-Report"
+
+
+def repr_digest(data: bytes) -> str:
+    """The ``Repr-Digest`` header value (RFC 9530) of ``data``: its SHA-256."""
+    return "sha-256=:" + base64.b64encode(hashlib.sha256(data).digest()).decode() + ":"
+
+
+def issued_headers(doc: ri.IssuedReport, body: bytes) -> dict[str, str]:
+    """Headers of an issued document's download: what it is, its entry and checkpoint,
+    and its digest (the entry's)."""
+    return {
+        STATUS_HEADER: (
+            f"issued; checkpoint={doc.checkpoint_size}; entry={doc.seq}; "
+            f"event-id={doc.event_id}"
+        ),
+        "Repr-Digest": repr_digest(body),
+    }
+
+
+def download_name(contract_id: str, month: str, ext: str, draft: bool) -> str:
+    """The file name of a report download (a draft's says so)."""
+    y, m = int(month[:4]), int(month[5:7])
+    return file_stem(contract_id, y, m) + ("-draft" if draft else "") + "." + ext
 
 
 @router.get("/contracts/{contract_id}/reports")
@@ -33,8 +68,10 @@ def report_list(
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Response:
-    """The months of a contract year that have a report, with HTML and PDF links."""
+    """The months of a contract year: each issued report with its checkpoint, ledger
+    entry, proof and digests; months not issued yet with a draft."""
     view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
+    issued = {d.period: d for d in ri.list_issued(db, contract_id)}
     return page(
         request,
         "reports.html",
@@ -42,44 +79,74 @@ def report_list(
             "view": view,
             "contract": view.contract,
             "months": services.months_so_far(view),
+            "issued": issued,
             "years": list(range(1, view.contract.term_years + 1)),
             "section": "reports",
         },
     )
 
 
-def _report(
-    db: Session, user: Principal, contract_id: str, month: str, html_only: bool
-) -> PreparedReport:
-    from reports import monthly
-
+def _month(db: Session, user: Principal, contract_id: str, month: str) -> tuple[int, int]:
     services.contract_for(db, user, contract_id)
     ym = services.parse_month(month)
     if ym is None:
         raise NotFound()
-    if html_only:
-        return monthly.prepare_monthly_report(db, contract_id, ym[0], ym[1])
-    return monthly.build_monthly_report(db, contract_id, ym[0], ym[1])
+    return ym
+
+
+def _draft(db: Session, contract_id: str, ym: tuple[int, int]) -> PreparedReport:
+    return ri.render_draft(db, contract_id, ym[0], ym[1], with_pdf=False)
+
+
+def _draft_headers(report: PreparedReport) -> dict[str, str]:
+    return {STATUS_HEADER: f"draft; checkpoint={report.checkpoint_size}"}
 
 
 @router.get("/contracts/{contract_id}/reports/{month}.html")
-def report_html(contract_id: str, month: str, user: UserDep, db: PageDb) -> Response:
-    """The monthly report as HTML (over the latest signed checkpoint)."""
-    report = _report(db, user, contract_id, month, html_only=True)
-    return HTMLResponse(
-        report.html, headers={"Content-Security-Policy": REPORT_CSP}
-    )
+def report_html(
+    contract_id: str,
+    month: str,
+    user: UserDep,
+    db: PageDb,
+    draft: Annotated[bool, Query(description="A draft over the latest checkpoint.")] = False,
+) -> Response:
+    """The issued report as stored (HTML); ``?draft=1``: a draft over the latest
+    checkpoint.  A month not issued yet redirects to its draft."""
+    ym = _month(db, user, contract_id, month)
+    headers = {"Content-Security-Policy": REPORT_CSP}
+    if not draft:
+        doc = ri.issued_document(db, contract_id, month)
+        if doc is None:
+            return RedirectResponse(f"{month}.html?draft=1", status_code=303)
+        return Response(doc.html_bytes, media_type="text/html; charset=utf-8",
+                        headers=headers | issued_headers(doc, doc.html_bytes))
+    report = _draft(db, contract_id, ym)
+    return Response(report.html.encode("utf-8"), media_type="text/html; charset=utf-8",
+                    headers=headers | _draft_headers(report))
 
 
 @router.get("/contracts/{contract_id}/reports/{month}.pdf")
-def report_pdf(contract_id: str, month: str, user: UserDep, db: PageDb) -> Response:
-    """The monthly report as PDF (download)."""
-    report = _report(db, user, contract_id, month, html_only=False)
-    assert isinstance(report, MonthlyReport)
-    return Response(
-        report.pdf,
-        media_type="application/pdf",
-        headers={
-            "Content-Disposition": f'attachment; filename="sla-{contract_id}-{month}.pdf"'
-        },
-    )
+def report_pdf(
+    contract_id: str,
+    month: str,
+    user: UserDep,
+    db: PageDb,
+    draft: Annotated[bool, Query(description="A draft over the latest checkpoint.")] = False,
+) -> Response:
+    """The issued report as stored (PDF download); ``?draft=1``: a draft over the latest
+    checkpoint.  A month not issued yet redirects to its draft."""
+    ym = _month(db, user, contract_id, month)
+    if not draft:
+        doc = ri.issued_document(db, contract_id, month)
+        if doc is None:
+            return RedirectResponse(f"{month}.pdf?draft=1", status_code=303)
+        name = download_name(contract_id, month, "pdf", draft=False)
+        return Response(doc.pdf, media_type="application/pdf", headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            **issued_headers(doc, doc.pdf),
+        })
+    report = finish_report(_draft(db, contract_id, ym))
+    name = download_name(contract_id, month, "pdf", draft=True)
+    return Response(report.pdf, media_type="application/pdf", headers={
+        "Content-Disposition": f'attachment; filename="{name}"', **_draft_headers(report),
+    })
