@@ -12,7 +12,9 @@ and recorded nowhere.
 Public API (none of them commits):
 
 * :func:`issue_month` — issue one month of one contract, or return the issued one;
-* :func:`issued_document` / :func:`list_issued` — read what was issued;
+* :func:`issue_rendered` — issue a report already rendered (the same rule);
+* :func:`issued_document` / :func:`list_issued` — read what was issued
+  (:mod:`reports.documents`, re-exported);
 * :func:`due_months` / :func:`issue_due` — what the scheduler issues after a month ends;
 * :func:`render_draft` — a draft of a month over a checkpoint (default: the latest).
 """
@@ -20,15 +22,13 @@ Public API (none of them commits):
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from billing.amendments import contract_in_force
 from billing.years import contract_year_bounds, month_bounds, require_aware
@@ -37,8 +37,11 @@ from ledger.checkpoints import latest, sign_log
 from ledger.contracts import get_contract
 from ledger.note import Signer
 from reports import monthly as rm
-from reports.errors import MonthNotOver, ReportError
-from reports.models import IssuedDocument
+from reports.documents import MONTHLY, IssuedReport, issued_document, list_issued
+from reports.errors import ReportError
+
+#: Issue a rendered report (:func:`reports.monthly.store_issued`).
+issue_rendered = rm.store_issued
 
 __all__ = [
     "ISSUE_GRACE",
@@ -57,8 +60,6 @@ __all__ = [
 
 log = logging.getLogger("yoco.reports")
 
-#: The document kind of monthly SLA reports (the ``report`` field of their entries).
-MONTHLY = "monthly-sla"
 #: How long after a month ends the scheduler waits before issuing its reports, so that
 #: records of the month's last minutes (outcomes arrive after their failures) are in.
 ISSUE_GRACE = timedelta(hours=1)
@@ -67,151 +68,8 @@ ISSUE_GRACE = timedelta(hours=1)
 MAX_MONTHS_PER_RUN = 12
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IssuedReport:
-    """An issued report as stored: its bytes (absent when listed without them), digests,
-    the checkpoint it was computed over and its ``report`` ledger entry (``seq`` is the
-    entry's index in the contract's log).  ``created``: issued by this call."""
-
-    contract_id: str
-    document: str
-    period: str
-    event_id: uuid.UUID
-    seq: int
-    checkpoint_size: int
-    checkpoint_root: str
-    html_sha256: str
-    pdf_sha256: str
-    issued_at: datetime
-    html_bytes: bytes = b""
-    pdf: bytes = b""
-    created: bool = False
-
-    @property
-    def month_label(self) -> str:
-        """The month, ``YYYY-MM`` (the period of a monthly report)."""
-        return self.period
-
-    @property
-    def html(self) -> str:
-        """The HTML as text (the stored bytes are its UTF-8)."""
-        return self.html_bytes.decode("utf-8")
-
-    def entry(self) -> dict[str, Any]:
-        """The fields of its ``report`` ledger entry that name it (for lists and APIs)."""
-        return {
-            "contract_id": self.contract_id,
-            "report": self.document,
-            "month": self.period,
-            "checkpoint_tree_size": self.checkpoint_size,
-            "checkpoint_root_hash": self.checkpoint_root,
-            "event_id": str(self.event_id),
-            "seq": self.seq,
-            "html_sha256": self.html_sha256,
-            "pdf_sha256": self.pdf_sha256,
-            "issued_at": self.issued_at.astimezone(UTC).isoformat(),
-        }
-
-
-def _of(row: IssuedDocument, *, with_bytes: bool, created: bool = False) -> IssuedReport:
-    return IssuedReport(
-        contract_id=row.contract_id,
-        document=row.document,
-        period=row.period,
-        event_id=row.event_id,
-        seq=row.seq,
-        checkpoint_size=row.checkpoint_tree_size,
-        checkpoint_root=row.checkpoint_root_hash,
-        html_sha256=row.html_sha256,
-        pdf_sha256=row.pdf_sha256,
-        issued_at=row.issued_at,
-        html_bytes=bytes(row.html) if with_bytes else b"",
-        pdf=bytes(row.pdf) if with_bytes else b"",
-        created=created,
-    )
-
-
 def _label(year: int, month: int) -> str:
     return f"{year:04d}-{month:02d}"
-
-
-def issued_document(
-    session: Session,
-    contract_id: str,
-    period: str,
-    document: str = MONTHLY,
-    *,
-    with_bytes: bool = True,
-) -> IssuedReport | None:
-    """The issued document of ``contract_id`` for ``period`` (``YYYY-MM``), with its
-    stored bytes unless ``with_bytes`` is False; None when it was not issued.  Under the
-    portal role, row-level security hides other tenants' documents (None)."""
-    q = select(IssuedDocument).where(
-        IssuedDocument.contract_id == contract_id,
-        IssuedDocument.document == document,
-        IssuedDocument.period == period,
-    )
-    if not with_bytes:
-        q = q.options(defer(IssuedDocument.html), defer(IssuedDocument.pdf))
-    row = session.execute(q).scalar_one_or_none()
-    return None if row is None else _of(row, with_bytes=with_bytes)
-
-
-def list_issued(
-    session: Session, contract_id: str, document: str = MONTHLY
-) -> list[IssuedReport]:
-    """Every issued document of ``contract_id`` (without bytes), by period."""
-    rows = session.execute(
-        select(IssuedDocument)
-        .where(IssuedDocument.contract_id == contract_id, IssuedDocument.document == document)
-        .options(defer(IssuedDocument.html), defer(IssuedDocument.pdf))
-        .order_by(IssuedDocument.period)
-    ).scalars()
-    return [_of(r, with_bytes=False) for r in rows]
-
-
-def issue_rendered(session: Session, report: rm.MonthlyReport) -> IssuedReport:
-    """Issue ``report`` as rendered: record its entry and store its bytes, unless its
-    month was issued already (then the issued one, ``created`` False).  The contract's
-    log stays locked until the caller commits, so two issuers of the same month are
-    serialised: the second finds the first's.  Refuses a draft and a month that is not
-    over at the report's checkpoint (:class:`MonthNotOver`).  Never commits."""
-    if report.draft:
-        raise ReportError("a draft is never issued: render the report without `draft`")
-    _require_over(report)
-    journal.lock_logs(session, [report.contract_id])
-    found = issued_document(session, report.contract_id, report.month_label)
-    if found is not None:
-        return found
-    recorded = rm.record_report(session, report)
-    row = IssuedDocument(
-        contract_id=report.contract_id,
-        document=MONTHLY,
-        period=report.month_label,
-        event_id=recorded.event_id,
-        seq=recorded.seq,
-        checkpoint_tree_size=report.checkpoint_size,
-        checkpoint_root_hash=report.checkpoint_root,
-        html=report.html_bytes,
-        pdf=report.pdf,
-        html_sha256=report.html_sha256,
-        pdf_sha256=report.pdf_sha256,
-    )
-    session.add(row)
-    session.flush()
-    return _of(row, with_bytes=True, created=True)
-
-
-def _require_over(report: rm.PreparedReport) -> None:
-    if report.period_end > report.as_of:
-        raise MonthNotOver(
-            f"{report.month_label} of {report.contract_id!r} ends at "
-            f"{report.period_end.astimezone(UTC).isoformat()}, after checkpoint "
-            f"{report.checkpoint_size} was signed ({report.as_of.astimezone(UTC).isoformat()}): "
-            "a report is issued over a checkpoint signed after its month ended — sign one "
-            "(`yoco ledger checkpoint`) once the month is over; `yoco reports monthly` "
-            "renders a draft meanwhile"
-        )
 
 
 def issue_month(
@@ -239,9 +97,9 @@ def issue_month(
     if found is not None:
         return found
     prepared = rm.prepare_monthly_report(session, contract_id, year, month, checkpoint_size)
-    _require_over(prepared)
+    rm.require_over(prepared)
     pdf = (pdf_renderer or _default_pdf)(prepared.html)
-    return issue_rendered(session, rm.finish_report(prepared, pdf))
+    return rm.store_issued(session, rm.finish_report(prepared, pdf))
 
 
 def _default_pdf(html: str) -> bytes:

@@ -28,10 +28,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ledger.models import Base
 
-__all__ = ["DOCUMENT_KINDS", "TABLES", "IssuedDocument"]
+__all__ = ["DOCUMENT_KINDS", "MONTHLY", "TABLES", "IssuedDocument"]
 
+#: The document kind of monthly SLA reports (the ``report`` field of their entries).
+MONTHLY = "monthly-sla"
 #: The kinds of issued documents (the ``report`` field of their ledger entries).
-DOCUMENT_KINDS = ("monthly-sla",)
+DOCUMENT_KINDS = (MONTHLY,)
 TABLES = ("issued_documents",)
 
 

@@ -55,10 +55,12 @@ from ledger.models import Checkpoint, JournalEntry
 from ledger.records import ContractSpec
 from reports import charts
 from reports.data import CheckpointRecords, load_at_checkpoint
+from reports.documents import MONTHLY, IssuedReport, insert_issued, issued_document
 from reports.errors import (
     AlreadyIssued,
     BadMonth,
     CheckpointTooOld,
+    MonthNotOver,
     MonthOutOfTerm,
     NoCheckpoint,
     ReportError,
@@ -84,7 +86,9 @@ __all__ = [
     "record_report",
     "report_entry",
     "report_event_id",
+    "require_over",
     "select_checkpoint",
+    "store_issued",
 ]
 
 REPORT_KIND = "report"
@@ -736,7 +740,7 @@ def report_entry(report: MonthlyReport) -> journal.NewEntry:
         "event_id": str(event_id),
         "contract_id": report.contract_id,
         "occurred_at": _utc(report.as_of),
-        "report": "monthly-sla",
+        "report": MONTHLY,
         "month": report.month_label,
         "checkpoint_tree_size": report.checkpoint_size,
         "checkpoint_root_hash": report.checkpoint_root,
@@ -774,6 +778,49 @@ def record_report(session: Session, report: MonthlyReport) -> RecordedReport:
     return RecordedReport(entry.event_id, stored[0].seq, True, entry.body)
 
 
+def require_over(report: PreparedReport) -> None:
+    """Refuse (:class:`~reports.errors.MonthNotOver`) a report whose month was not over
+    when its checkpoint was signed: an issued report speaks for a whole month."""
+    if report.period_end > report.as_of:
+        raise MonthNotOver(
+            f"{report.month_label} of {report.contract_id!r} ends at "
+            f"{_utc(report.period_end)}, after checkpoint {report.checkpoint_size} was "
+            f"signed ({_utc(report.as_of)}): a report is issued over a checkpoint signed "
+            "after its month ended — sign one (`yoco ledger checkpoint`) once the month is "
+            "over; `yoco reports monthly` renders a draft meanwhile"
+        )
+
+
+def store_issued(session: Session, report: MonthlyReport) -> IssuedReport:
+    """Issue ``report`` as rendered: record its entry and store its bytes, unless its
+    month was issued already (then the issued one, ``created`` False).  The contract's
+    log stays locked until the caller commits, so two issuers of the same month are
+    serialised: the second finds the first's.  Refuses a draft and a month that is not
+    over at the report's checkpoint (:class:`~reports.errors.MonthNotOver`).  Never
+    commits."""
+    if report.draft:
+        raise ReportError("a draft is never issued: render the report without `draft`")
+    require_over(report)
+    journal.lock_logs(session, [report.contract_id])
+    found = issued_document(session, report.contract_id, report.month_label)
+    if found is not None:
+        return found
+    recorded = record_report(session, report)
+    return insert_issued(
+        session,
+        contract_id=report.contract_id,
+        period=report.month_label,
+        event_id=recorded.event_id,
+        seq=recorded.seq,
+        checkpoint_size=report.checkpoint_size,
+        checkpoint_root=report.checkpoint_root,
+        html=report.html_bytes,
+        pdf=report.pdf,
+        html_sha256=report.html_sha256,
+        pdf_sha256=report.pdf_sha256,
+    )
+
+
 def issue_monthly_report(
     session: Session,
     contract_id: str,
@@ -790,11 +837,9 @@ def issue_monthly_report(
     version), raise :class:`~reports.errors.AlreadyIssued` — the stored bytes are
     :func:`reports.issued.issued_document`'s.  Never commits.
     """
-    from reports import issued as ri
-
     label = f"{year:04d}-{month:02d}"
     _check_month(year, month)
-    found = ri.issued_document(session, contract_id, label, with_bytes=False)
+    found = issued_document(session, contract_id, label, with_bytes=False)
     if found is not None and checkpoint_size not in (None, found.checkpoint_size):
         raise AlreadyIssued(
             f"{label} of {contract_id!r} was issued over checkpoint {found.checkpoint_size} "
@@ -802,7 +847,7 @@ def issue_monthly_report(
         )
     size = found.checkpoint_size if found is not None else checkpoint_size
     report = build_monthly_report(session, contract_id, year, month, size)
-    stored = ri.issue_rendered(session, report)
+    stored = store_issued(session, report)
     if (stored.html_sha256, stored.pdf_sha256) != (report.html_sha256, report.pdf_sha256):
         raise AlreadyIssued(
             f"{label} of {contract_id!r} was issued as other bytes (ledger entry "
