@@ -25,12 +25,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import contract_in_force
+from billing.models import BillingYear
 from billing.years import contract_year_bounds, month_bounds, require_aware
 from ledger import journal
 from ledger.checkpoints import latest, sign_log
@@ -39,6 +42,8 @@ from ledger.note import Signer
 from reports import monthly as rm
 from reports.documents import MONTHLY, IssuedReport, issued_document, list_issued
 from reports.errors import ReportError
+from reports.models import STATEMENT
+from reports.statement import issue_year_statement, statement_period
 
 #: Issue a rendered report (:func:`reports.monthly.store_issued`).
 issue_rendered = rm.store_issued
@@ -50,6 +55,7 @@ __all__ = [
     "DueResult",
     "IssuedReport",
     "due_months",
+    "due_statements",
     "issue_due",
     "issue_month",
     "issue_rendered",
@@ -183,7 +189,8 @@ def due_months(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DueResult:
-    """One due month handled by :func:`issue_due`: issued (or found issued), or why not."""
+    """One due document handled by :func:`issue_due` (``month``: ``YYYY-MM``, or
+    ``year-K`` for a year-end statement): issued (or found issued), or why not."""
 
     contract_id: str
     month: str
@@ -213,7 +220,8 @@ def issue_due(
     grace: timedelta = ISSUE_GRACE,
     contract_ids: list[str] | None = None,
 ) -> DueIssueRun:
-    """Issue every due month (:func:`due_months`) of every contract, one transaction each.
+    """Issue every due month (:func:`due_months`) and year-end statement
+    (:func:`due_statements`) of every contract, one transaction each.
 
     ``unit_of_work()`` gives a session that commits when its block ends.  With a
     ``signer``, the contract's log is signed first when no checkpoint covers it whole
@@ -231,25 +239,45 @@ def issue_due(
     for cid in ids:
         with unit_of_work() as s:
             months = due_months(s, cid, now, grace)
-        if not months:
+            years = due_statements(s, cid)
+        if not months and not years:
             continue
         if signer is not None:
             with unit_of_work() as s:
                 _sign_if_grown(s, signer, cid, origin_prefix)
-        for y, m in months:
+        jobs: list[tuple[str, Callable[[Session], IssuedReport]]] = [
+            (_label(y, m), partial(issue_month, contract_id=cid, year=y, month=m))
+            for y, m in months
+        ]
+        jobs += [
+            (statement_period(k), partial(issue_year_statement, contract_id=cid, k=k))
+            for k in years
+        ]
+        created = False
+        for period, job in jobs:
             try:
                 with unit_of_work() as s:
-                    issued = issue_month(s, cid, y, m)
+                    issued = job(s)
             except ReportError as exc:
-                run.results.append(DueResult(contract_id=cid, month=_label(y, m),
-                                             problem=str(exc)))
+                run.results.append(DueResult(contract_id=cid, month=period, problem=str(exc)))
                 continue
-            run.results.append(DueResult(contract_id=cid, month=_label(y, m), issued=issued))
-        if signer is not None and any(r.issued is not None and r.issued.created
-                                      for r in run.results if r.contract_id == cid):
+            created = created or issued.created
+            run.results.append(DueResult(contract_id=cid, month=period, issued=issued))
+        if signer is not None and created:
             with unit_of_work() as s:
                 sign_log(s, signer, cid, origin_prefix)
     return run
+
+
+def due_statements(session: Session, contract_id: str) -> list[int]:
+    """The contract years of ``contract_id`` closed by billing whose year-end statement
+    has not been issued yet, oldest first."""
+    closed = session.execute(
+        select(BillingYear.year).where(BillingYear.contract_id == contract_id)
+        .order_by(BillingYear.year)
+    ).scalars()
+    done = {d.period for d in list_issued(session, contract_id, STATEMENT)}
+    return [k for k in closed if statement_period(k) not in done]
 
 
 def _sign_if_grown(session: Session, signer: Signer, contract_id: str, prefix: str) -> None:

@@ -1,7 +1,8 @@
 """SQLAlchemy model of issued documents (migration ``0022``): the exact bytes of every
-monthly report that was issued, kept as issued.
+monthly report and year-end statement that was issued, kept as issued.
 
-A document is issued once per contract, kind and period: the primary key is
+A document is issued once per contract, kind and period (``YYYY-MM`` for a monthly
+report, ``year-K`` for a year-end statement): the primary key is
 ``(contract_id, document, period)``.  Its bytes are written once and never changed:
 the table is append-only (UPDATE, DELETE and TRUNCATE refused by triggers enabled
 ALWAYS; the application role may only SELECT and INSERT), and the database checks
@@ -28,12 +29,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ledger.models import Base
 
-__all__ = ["DOCUMENT_KINDS", "MONTHLY", "TABLES", "IssuedDocument"]
+__all__ = ["DOCUMENT_KINDS", "MONTHLY", "STATEMENT", "TABLES", "IssuedDocument"]
 
 #: The document kind of monthly SLA reports (the ``report`` field of their entries).
 MONTHLY = "monthly-sla"
+#: The document kind of year-end statements (the year close and its credit note).
+STATEMENT = "year-statement"
 #: The kinds of issued documents (the ``report`` field of their ledger entries).
-DOCUMENT_KINDS = (MONTHLY,)
+DOCUMENT_KINDS = (MONTHLY, STATEMENT)
 TABLES = ("issued_documents",)
 
 
@@ -59,9 +62,10 @@ class IssuedDocument(Base):
     )
 
     __table_args__ = (
-        CheckConstraint("document IN ('monthly-sla')", name="document_known"),
+        CheckConstraint("document IN ('monthly-sla', 'year-statement')", name="document_known"),
         CheckConstraint(
-            "document <> 'monthly-sla' OR period ~ '^[0-9]{4}-(0[1-9]|1[0-2])$'",
+            "(document = 'monthly-sla' AND period ~ '^[0-9]{4}-(0[1-9]|1[0-2])$') OR "
+            "(document = 'year-statement' AND period ~ '^year-[1-9][0-9]{0,2}$')",
             name="period_format",
         ),
         CheckConstraint("html_sha256 = encode(sha256(html), 'hex')", name="html_digest"),

@@ -61,10 +61,11 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.CheckConstraint(
-            "document IN ('monthly-sla')", name=op.f("ck_issued_documents_document_known")
+            "document IN ('monthly-sla', 'year-statement')", name=op.f("ck_issued_documents_document_known")
         ),
         sa.CheckConstraint(
-            "document <> 'monthly-sla' OR period ~ '^[0-9]{4}-(0[1-9]|1[0-2])$'",
+            "(document = 'monthly-sla' AND period ~ '^[0-9]{4}-(0[1-9]|1[0-2])$') OR "
+            "(document = 'year-statement' AND period ~ '^year-[1-9][0-9]{0,2}$')",
             name=op.f("ck_issued_documents_period_format"),
         ),
         sa.CheckConstraint(

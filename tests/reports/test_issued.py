@@ -264,3 +264,45 @@ def test_scheduler_issues_last_month_after_it_ends(
     clock[0] = datetime(2026, 5, 1, 6, 0, tzinfo=UTC)
     run = sched.reports_once()
     assert [(r.contract_id, r.month) for r in run.results] == [("C-TIP", "2026-04")]
+
+
+def test_year_end_statement_is_issued_after_the_year_close(
+    seed: Callable[..., None], app_ctx: Any, tmp_path: Path
+) -> None:
+    from billing.closing import close_year
+    from reports.statement import YearNotClosed, issue_year_statement
+    from yoco.scheduler import CloseDueScheduler
+
+    contract, records = sc.closed_year()  # year 1 (2025) missed: a 130,000.00 EUR credit
+    seed([contract], records)
+    with unit_of_work(app_ctx.engine) as s, pytest.raises(YearNotClosed, match="year close"):
+        issue_year_statement(s, "C-CLOSED", 1)
+    with unit_of_work(app_ctx.engine) as s:
+        close_year(s, "C-CLOSED", 1, signer=app_ctx.signer,
+                   origin_prefix=app_ctx.settings.log_origin)
+    sched = CloseDueScheduler(app_ctx, 3600, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
+    run = sched.reports_once()
+    assert [(r.month, r.issued is not None and r.issued.created) for r in run.results] == [
+        ("2025-12", True), ("year-1", True)]
+    st = run.results[1].issued
+    assert st is not None and st.document == "year-statement"
+    with unit_of_work(app_ctx.engine) as s:
+        stored = ri.issued_document(s, "C-CLOSED", "year-1", "year-statement")
+        entry = s.execute(select(JournalEntry.body).where(
+            JournalEntry.log_id == "C-CLOSED", JournalEntry.seq == st.seq)).scalar_one()
+    assert stored is not None and stored.pdf == st.pdf
+    assert entry["kind"] == "report" and entry["report"] == "year-statement"
+    assert entry["year"] == 1 and "month" not in entry
+    assert entry["html_sha256"] == sha(stored.html_bytes)
+    assert entry["pdf_sha256"] == sha(stored.pdf)
+    assert entry["checkpoint_tree_size"] == st.checkpoint_size
+    pdf = tmp_path / "statement.pdf"
+    pdf.write_bytes(stored.pdf)
+    text_pdf = " ".join(pdf_text(pdf).split())
+    assert "Contract year 1: MISSED" in text_pdf
+    assert "CN-C-CLOSED-Y1" in text_pdf and "130,000.00 EUR" in text_pdf
+    # Once: the next run issues nothing, and issuing directly returns the stored one.
+    assert sched.reports_once().results == []
+    with unit_of_work(app_ctx.engine) as s:
+        again = issue_year_statement(s, "C-CLOSED", 1)
+    assert not again.created and again.pdf == stored.pdf
