@@ -7,6 +7,7 @@ issues a rendered report through :func:`insert_issued` (after recording its entr
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,9 +16,30 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
-from reports.models import MONTHLY, IssuedDocument
+from reports.models import MONTHLY, STATEMENT, IssuedDocument
 
-__all__ = ["MONTHLY", "IssuedReport", "insert_issued", "issued_document", "list_issued"]
+#: The periods each kind of document is issued for (the database checks the same).
+_PERIODS = (
+    (MONTHLY, re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")),
+    (STATEMENT, re.compile(r"year-[1-9][0-9]{0,2}")),
+)
+
+
+def document_of(period: str) -> str | None:
+    """The kind of document ``period`` names: ``monthly-sla`` for ``YYYY-MM``,
+    ``year-statement`` for ``year-K``; None for anything else."""
+    for kind, pattern in _PERIODS:
+        if pattern.fullmatch(period):
+            return kind
+    return None
+
+__all__ = [
+    "IssuedReport",
+    "document_of",
+    "insert_issued",
+    "issued_document",
+    "list_issued",
+]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IssuedReport:
@@ -106,14 +128,17 @@ def issued_document(
 
 
 def list_issued(
-    session: Session, contract_id: str, document: str = MONTHLY
+    session: Session, contract_id: str, document: str | None = MONTHLY
 ) -> list[IssuedReport]:
-    """Every issued document of ``contract_id`` (without bytes), by period."""
+    """Every issued document of ``contract_id`` of kind ``document`` (None: every kind),
+    without bytes, by kind and period."""
+    q = select(IssuedDocument).where(IssuedDocument.contract_id == contract_id)
+    if document is not None:
+        q = q.where(IssuedDocument.document == document)
     rows = session.execute(
-        select(IssuedDocument)
-        .where(IssuedDocument.contract_id == contract_id, IssuedDocument.document == document)
+        q
         .options(defer(IssuedDocument.html), defer(IssuedDocument.pdf))
-        .order_by(IssuedDocument.period)
+        .order_by(IssuedDocument.document, IssuedDocument.period)
     ).scalars()
     return [_of(r, with_bytes=False) for r in rows]
 

@@ -40,9 +40,9 @@ from ledger.checkpoints import latest, sign_log
 from ledger.contracts import get_contract
 from ledger.note import Signer
 from reports import monthly as rm
-from reports.documents import MONTHLY, IssuedReport, issued_document, list_issued
+from reports.documents import IssuedReport, issued_document, list_issued
 from reports.errors import ReportError
-from reports.models import STATEMENT
+from reports.models import MONTHLY, STATEMENT
 from reports.statement import issue_year_statement, statement_period
 
 #: Issue a rendered report (:func:`reports.monthly.store_issued`).

@@ -55,7 +55,7 @@ from ledger.models import Checkpoint, JournalEntry
 from ledger.records import ContractSpec
 from reports import charts
 from reports.data import CheckpointRecords, load_at_checkpoint
-from reports.documents import MONTHLY, IssuedReport, insert_issued, issued_document
+from reports.documents import IssuedReport, insert_issued, issued_document
 from reports.errors import (
     AlreadyIssued,
     BadMonth,
@@ -66,6 +66,7 @@ from reports.errors import (
     ReportError,
     UnknownCheckpoint,
 )
+from reports.models import MONTHLY
 from reports.render import html_to_pdf, render_template
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "report_entry",
     "report_event_id",
     "require_over",
+    "safe_name",
     "select_checkpoint",
     "store_issued",
 ]
@@ -199,10 +201,15 @@ def _long_date(d: date) -> str:
     return f"{d.day} {MONTH_NAMES[d.month - 1]} {d.year}"
 
 
+def safe_name(contract_id: str) -> str:
+    """``contract_id`` for a file name: characters other than letters, digits, ``.``,
+    ``_`` and ``-`` become ``_`` (safe on every file system)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", contract_id)
+
+
 def file_stem(contract_id: str, year: int, month: int) -> str:
     """The file name (without extension) of a report: safe on every file system."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", contract_id)
-    return f"yoco-sla-{safe}-{year:04d}-{month:02d}"
+    return f"yoco-sla-{safe_name(contract_id)}-{year:04d}-{month:02d}"
 
 
 # --------------------------------------------------------------------------- reports

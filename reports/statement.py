@@ -40,7 +40,13 @@ from ledger.models import JournalEntry
 from reports.documents import IssuedReport, insert_issued, issued_document
 from reports.errors import ReportError
 from reports.models import STATEMENT
-from reports.monthly import MONTH_NAMES, REPORT_KIND, REPORT_NAMESPACE, select_checkpoint
+from reports.monthly import (
+    MONTH_NAMES,
+    REPORT_KIND,
+    REPORT_NAMESPACE,
+    safe_name,
+    select_checkpoint,
+)
 from reports.render import html_to_pdf, render_template
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "build_year_statement",
     "issue_year_statement",
     "statement_period",
+    "statement_stem",
 ]
 
 TEMPLATE = "statement.html.j2"
@@ -56,6 +63,11 @@ TEMPLATE = "statement.html.j2"
 
 class YearNotClosed(ReportError):
     """The contract year is not closed at the checkpoint: no statement yet."""
+
+
+def statement_stem(contract_id: str, k: int) -> str:
+    """The file name (without extension) of contract year ``k``'s statement."""
+    return f"yoco-statement-{safe_name(contract_id)}-year-{k}"
 
 
 def statement_period(k: int) -> str:

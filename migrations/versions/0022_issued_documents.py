@@ -1,6 +1,7 @@
-"""issued documents: the exact bytes of each issued monthly report, append-only, per tenant
+"""issued documents: the exact bytes of each issued report, append-only, per tenant
 
-A monthly report is issued once per contract and month, over a named checkpoint; its
+A monthly report is issued once per contract and month (a year-end statement once per
+contract year, period ``year-K``), over a named checkpoint; its
 HTML and PDF are kept here as issued, with their SHA-256 digests (checked by the
 database against the bytes) and the ``report`` entry of the contract's log that
 records the same digests (foreign key to the journal).  Nothing may change them:
@@ -61,7 +62,8 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.CheckConstraint(
-            "document IN ('monthly-sla', 'year-statement')", name=op.f("ck_issued_documents_document_known")
+            "document IN ('monthly-sla', 'year-statement')",
+            name=op.f("ck_issued_documents_document_known"),
         ),
         sa.CheckConstraint(
             "(document = 'monthly-sla' AND period ~ '^[0-9]{4}-(0[1-9]|1[0-2])$') OR "

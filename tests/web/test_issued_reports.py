@@ -166,3 +166,45 @@ def test_another_tenant_cannot_read_an_issued_report(
                 conn.execute(text("SELECT set_config('yoco.scope', 'all', true)"))
                 conn.execute(text(sql))
             assert info.value.orig.sqlstate == "42501", sql
+
+
+def test_the_year_end_statement_is_served_as_issued(
+    client_for: Any, seeded: tuple[Any, Seed]
+) -> None:
+    from datetime import UTC, datetime
+
+    from billing.closing import close_year
+    from reports import issued as ri
+    from reports.statement import issue_year_statement
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    with unit_of_work(ctx.engine) as s:
+        close_year(s, "C-A", 1, now=datetime(2027, 1, 5, tzinfo=UTC), signer=ctx.signer,
+                   origin_prefix=ctx.settings.log_origin)
+    with unit_of_work(ctx.engine) as s:
+        st = issue_year_statement(s, "C-A", 1)
+    assert st.created
+    alice = client_for("a")
+    page = alice.get("/contracts/C-A/reports").text
+    assert "Year 1" in page and st.pdf_sha256 in page
+    pdf = alice.get("/contracts/C-A/reports/year-1.pdf")
+    assert pdf.status_code == 200 and pdf.content == st.pdf
+    assert 'filename="yoco-statement-C-A-year-1.pdf"' in pdf.headers["content-disposition"]
+    assert pdf.headers["x-yoco-report"].startswith(f"issued; checkpoint={st.checkpoint_size}")
+    html = alice.get("/contracts/C-A/reports/year-1.html")
+    assert html.content == st.html_bytes and "Year-end statement" in html.text
+    # No drafts of statements; a year not closed has none.
+    assert alice.get("/contracts/C-A/reports/year-1.html?draft=1").status_code == 404
+    assert alice.get("/contracts/C-A/reports/year-2.pdf").status_code == 404
+    items = alice.get("/api/v1/contracts/C-A/reports").json()
+    [item] = [i for i in items if i["report"] == "year-statement"]
+    assert item["year"] == 1 and item["month"] is None and item["period"] == "year-1"
+    assert item["seq"] == st.seq and item["pdf_sha256"] == sha(st.pdf)
+    assert alice.get(item["pdf"]).content == st.pdf
+    again = ri.issue_due(lambda: unit_of_work(ctx.engine),
+                         now=datetime(2027, 1, 6, tzinfo=UTC), contract_ids=["C-A"])
+    assert all(r.month != "year-1" for r in again.results)  # issued once
+    bob = client_for("b")
+    assert bob.get("/contracts/C-A/reports/year-1.pdf").status_code == 404
+    assert bob.get("/api/v1/contracts/C-A/reports/year-1.pdf").status_code == 404

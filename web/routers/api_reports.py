@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from reports import issued as ri
+from reports.documents import document_of
+from reports.models import MONTHLY, STATEMENT
 from web import services
 from web.accounts import Principal
 from web.conditional import client_has, conditional_headers, json_answer, not_modified
@@ -47,7 +49,9 @@ def issued_out(doc: ri.IssuedReport) -> IssuedReportOut:
     return IssuedReportOut(
         contract_id=doc.contract_id,
         report=doc.document,
-        month=doc.period,
+        period=doc.period,
+        month=doc.period if doc.document == MONTHLY else None,
+        year=int(doc.period.removeprefix("year-")) if doc.document == STATEMENT else None,
         checkpoint_tree_size=doc.checkpoint_size,
         checkpoint_root_hash=doc.checkpoint_root,
         event_id=str(doc.event_id),
@@ -65,7 +69,7 @@ def issued_out(doc: ri.IssuedReport) -> IssuedReportOut:
 async def list_reports(
     request: Request, contract_id: str, reader: ReaderDep, portal: PortalDep
 ) -> Response:
-    """The contract's issued monthly reports, by month."""
+    """The contract's issued monthly reports (by month), then its year-end statements."""
     return await run_in_threadpool(_list_reports, request, contract_id, reader, portal)
 
 
@@ -82,7 +86,7 @@ def _list_reports(
     def render() -> bytes:
         with portal.db.read(reader) as db:
             services.contract_for(db, reader, contract_id)
-            docs = ri.list_issued(db, contract_id)
+            docs = ri.list_issued(db, contract_id, None)
         return bytes(JSONResponse(jsonable_encoder([issued_out(d) for d in docs])).body)
 
     return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
@@ -97,12 +101,13 @@ def _list_reports(
 async def get_report(
     request: Request,
     contract_id: str,
-    month: Annotated[str, Path(description="YYYY-MM")],
+    month: Annotated[str, Path(description="YYYY-MM, or year-K for a year-end statement")],
     fmt: Annotated[str, Path(description="html or pdf")],
     reader: ReaderDep,
     portal: PortalDep,
 ) -> Response:
-    """The issued report's exact bytes (HTML or PDF); 404 when the month is not issued."""
+    """The issued report's (or year-end statement's) exact bytes, HTML or PDF; 404 when
+    it is not issued."""
     return await run_in_threadpool(
         _get_report, request, contract_id, month, fmt, reader, portal
     )
@@ -117,11 +122,12 @@ def _get_report(
     portal: Portal,
 ) -> Response:
     state = _state(portal, reader, contract_id)
-    if fmt not in MEDIA or services.parse_month(month) is None:
+    document = document_of(month)
+    if fmt not in MEDIA or document is None:
         raise NotFound()
     with portal.db.read(reader) as db:
         services.contract_for(db, reader, contract_id)
-        meta = ri.issued_document(db, contract_id, month, with_bytes=False)
+        meta = ri.issued_document(db, contract_id, month, document, with_bytes=False)
         if meta is None:
             raise NotFound(f"{month} of this contract has not been issued (yet).")
         digest = meta.html_sha256 if fmt == "html" else meta.pdf_sha256
@@ -130,7 +136,7 @@ def _get_report(
         declare(request, reader, state, None)
         if client_has(request, etag):
             return not_modified(etag)
-        doc = ri.issued_document(db, contract_id, month)
+        doc = ri.issued_document(db, contract_id, month, document)
     if doc is None:  # pragma: no cover - issued documents are never deleted
         raise NotFound()
     body = doc.html_bytes if fmt == "html" else doc.pdf

@@ -4,7 +4,8 @@ stored (HTML or PDF), and drafts over the latest checkpoint, marked as drafts.
 ``/contracts/{id}/reports/{YYYY-MM}.html`` / ``.pdf`` serve the issued document's exact
 bytes (their SHA-256 is the ``report`` ledger entry's); a month not issued yet is sent
 to its draft (``?draft=1``), which is rendered over the latest signed checkpoint and
-says on every page that it is a draft and not the issued report.
+says on every page that it is a draft and not the issued report.  ``year-K`` in place
+of the month serves contract year K's issued year-end statement (no drafts of those).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from reports import issued as ri
+from reports.documents import document_of
+from reports.models import STATEMENT
 from reports.monthly import PreparedReport, file_stem, finish_report
+from reports.statement import statement_stem
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
@@ -53,9 +57,12 @@ def issued_headers(doc: ri.IssuedReport, body: bytes) -> dict[str, str]:
     }
 
 
-def download_name(contract_id: str, month: str, ext: str, draft: bool) -> str:
-    """The file name of a report download (a draft's says so)."""
-    y, m = int(month[:4]), int(month[5:7])
+def download_name(contract_id: str, period: str, ext: str, draft: bool) -> str:
+    """The file name of a report (``YYYY-MM``) or statement (``year-K``) download (a
+    draft's says so)."""
+    if document_of(period) == STATEMENT:
+        return statement_stem(contract_id, int(period.removeprefix("year-"))) + "." + ext
+    y, m = int(period[:4]), int(period[5:7])
     return file_stem(contract_id, y, m) + ("-draft" if draft else "") + "." + ext
 
 
@@ -72,6 +79,7 @@ def report_list(
     entry, proof and digests; months not issued yet with a draft."""
     view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
     issued = {d.period: d for d in ri.list_issued(db, contract_id)}
+    statements = ri.list_issued(db, contract_id, STATEMENT)
     return page(
         request,
         "reports.html",
@@ -80,6 +88,7 @@ def report_list(
             "contract": view.contract,
             "months": services.months_so_far(view),
             "issued": issued,
+            "statements": statements,
             "years": list(range(1, view.contract.term_years + 1)),
             "section": "reports",
         },
@@ -92,6 +101,20 @@ def _month(db: Session, user: Principal, contract_id: str, month: str) -> tuple[
     if ym is None:
         raise NotFound()
     return ym
+
+
+def _statement(
+    db: Session, user: Principal, contract_id: str, period: str, draft: bool
+) -> ri.IssuedReport | None:
+    """The issued statement ``period`` (``year-K``) names; None when it names a month;
+    404 for a statement not issued (there are no drafts of statements)."""
+    if document_of(period) != STATEMENT:
+        return None
+    services.contract_for(db, user, contract_id)
+    doc = None if draft else ri.issued_document(db, contract_id, period, STATEMENT)
+    if doc is None:
+        raise NotFound()
+    return doc
 
 
 def _draft(db: Session, contract_id: str, ym: tuple[int, int]) -> PreparedReport:
@@ -112,8 +135,12 @@ def report_html(
 ) -> Response:
     """The issued report as stored (HTML); ``?draft=1``: a draft over the latest
     checkpoint.  A month not issued yet redirects to its draft."""
-    ym = _month(db, user, contract_id, month)
     headers = {"Content-Security-Policy": REPORT_CSP}
+    statement = _statement(db, user, contract_id, month, draft)
+    if statement is not None:
+        return Response(statement.html_bytes, media_type="text/html; charset=utf-8",
+                        headers=headers | issued_headers(statement, statement.html_bytes))
+    ym = _month(db, user, contract_id, month)
     if not draft:
         doc = ri.issued_document(db, contract_id, month)
         if doc is None:
@@ -135,6 +162,13 @@ def report_pdf(
 ) -> Response:
     """The issued report as stored (PDF download); ``?draft=1``: a draft over the latest
     checkpoint.  A month not issued yet redirects to its draft."""
+    statement = _statement(db, user, contract_id, month, draft)
+    if statement is not None:
+        name = download_name(contract_id, month, "pdf", draft=False)
+        return Response(statement.pdf, media_type="application/pdf", headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            **issued_headers(statement, statement.pdf),
+        })
     ym = _month(db, user, contract_id, month)
     if not draft:
         doc = ri.issued_document(db, contract_id, month)
