@@ -238,11 +238,17 @@ def issue(
         Path | None, typer.Option("--out", help="Also write the issued files into this folder.")
     ] = None,
     due: Annotated[
-        bool, typer.Option("--due", help="Issue every month that is due, as the scheduler "
-                           "does (for cron); instead of --month.")
+        bool, typer.Option("--due", help="Issue every month and year-end statement that is "
+                           "due, as the scheduler does (for cron); instead of --month.")
     ] = False,
+    year: Annotated[
+        int | None,
+        typer.Option("--year", min=1, help="Issue contract year K's year-end statement (the "
+                     "year close and its credit note) instead of a month's report."),
+    ] = None,
 ) -> None:
-    """Issue the monthly SLA report of a month: once per contract and month, for good.
+    """Issue the monthly SLA report of a month (or, with --year, a year-end statement):
+    once per contract and period, for good.
 
     The report is rendered over a signed checkpoint signed after the month ended, its
     HTML and PDF are stored as issued and their SHA-256 digests appended to the
@@ -259,8 +265,9 @@ def issue(
     from reports.errors import ReportError
     from yoco.database import unit_of_work
 
-    if due == (month is not None):
-        fail("give --month YYYY-MM or --due (every month that is due), not both")
+    if sum((due, month is not None, year is not None)) != 1:
+        fail("give one of --month YYYY-MM, --year K (a year-end statement) or --due (every "
+             "month and statement that is due)")
     if checkpoint is not None and len(contract or []) != 1:
         fail("--checkpoint names a tree size of one contract's log: give exactly one --contract")
     problems: list[tuple[str, str]] = []
@@ -273,17 +280,39 @@ def issue(
             done = [(r.issued, r.contract_id, r.month) for r in run.results if r.issued]
             problems = [(r.contract_id, f"{r.month}: {r.problem}") for r in run.results
                         if r.problem]
+        elif year is not None:
+            from ledger.contracts import get_contract, list_contracts
+            from reports.statement import issue_year_statement
+
+            with unit_of_work(ctx.engine) as s:
+                if contract:
+                    for cid in contract:
+                        get_contract(s, cid)
+                ids = list(dict.fromkeys(contract)) if contract else [
+                    c.contract_id for c in list_contracts(s)]
+            done = []
+            for cid in ids:
+                try:
+                    with unit_of_work(ctx.engine) as s:
+                        doc = issue_year_statement(s, cid, year, checkpoint)
+                except (ReportError, LedgerError, ValueError) as exc:
+                    problems.append((cid, str(exc)))
+                    continue
+                done.append((doc, cid, doc.period))
+                if doc.created:
+                    with unit_of_work(ctx.engine) as s:
+                        sign_log(s, ctx.signer, cid, prefix)
         else:
             assert month is not None
             try:
-                year, mon = rm.parse_month(month)
+                y, mon = rm.parse_month(month)
             except ReportError as exc:
                 fail(str(exc))
             done = []
-            for cid in _contract_ids(ctx, contract, year, mon):
+            for cid in _contract_ids(ctx, contract, y, mon):
                 try:
                     with unit_of_work(ctx.engine) as s:
-                        doc = ri.issue_month(s, cid, year, mon, checkpoint)
+                        doc = ri.issue_month(s, cid, y, mon, checkpoint)
                 except (ReportError, LedgerError, ValueError) as exc:
                     problems.append((cid, str(exc)))
                     continue
@@ -301,15 +330,26 @@ def issue(
             if out_dir is not None:
                 out_dir.mkdir(parents=True, exist_ok=True)
                 with unit_of_work(ctx.engine) as s:
-                    stored = ri.issued_document(s, cid, label)
-                assert stored is not None
-                y, m = rm.parse_month(label)
-                stem = rm.file_stem(cid, y, m)
+                    stored = ri.issued_document(s, cid, label, doc.document)
+                if stored is None:  # pragma: no cover - issued documents are never deleted
+                    fail(f"{cid} {label}: the issued document is gone")
+                stem = _stem(cid, label)
                 _write(out_dir / f"{stem}.html", stored.html_bytes)
                 _write(out_dir / f"{stem}.pdf", stored.pdf)
     created = sum(1 for d, _, _ in done if d.created)
     out.print(f"{created} issued, {len(done) - created} already issued", highlight=False)
     _problems(problems)
+
+
+def _stem(contract_id: str, period: str) -> str:
+    """The file name (without extension) of an issued report or statement."""
+    from reports import monthly as rm
+    from reports.statement import statement_stem
+
+    if period.startswith("year-"):
+        return statement_stem(contract_id, int(period.removeprefix("year-")))
+    y, m = rm.parse_month(period)
+    return rm.file_stem(contract_id, y, m)
 
 
 def register(app: typer.Typer) -> None:

@@ -202,7 +202,7 @@ def test_a_month_that_is_not_over_is_not_issued(
     out = runner.invoke(app, ["reports", "issue", "--month", f"{now.year:04d}-{now.month:02d}"])
     assert out.exit_code == 2 and "after its month ended" in " ".join(out.output.split())
     out = runner.invoke(app, ["reports", "issue"])
-    assert out.exit_code == 2 and "--month YYYY-MM or --due" in out.output
+    assert out.exit_code == 2 and "give one of --month YYYY-MM, --year K" in out.output
     assert report_entries(app_ctx.engine, "C-QUIET") == []
 
 
@@ -306,3 +306,10 @@ def test_year_end_statement_is_issued_after_the_year_close(
     with unit_of_work(app_ctx.engine) as s:
         again = issue_year_statement(s, "C-CLOSED", 1)
     assert not again.created and again.pdf == stored.pdf
+    out = tmp_path / "cli"
+    text_out = yoco("reports", "issue", "--year", "1", "--contract", "C-CLOSED", "--out",
+                    str(out))
+    assert "C-CLOSED year-1: already issued over checkpoint" in text_out
+    assert (out / "yoco-statement-C-CLOSED-year-1.pdf").read_bytes() == stored.pdf
+    r = runner.invoke(app, ["reports", "issue", "--year", "2", "--contract", "C-CLOSED"])
+    assert r.exit_code == 2 and "not closed at checkpoint" in " ".join(r.output.split())
