@@ -21,7 +21,6 @@ Public API (none of them commits):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -63,8 +62,6 @@ __all__ = [
     "list_issued",
     "render_draft",
 ]
-
-log = logging.getLogger("yoco.reports")
 
 #: How long after a month ends the scheduler waits before issuing its reports, so that
 #: records of the month's last minutes (outcomes arrive after their failures) are in.
