@@ -68,10 +68,10 @@ def monthly(
 ) -> None:
     """Write one monthly SLA report per contract (HTML and PDF): the issued one, or a draft.
 
-    A month that was issued (``yoco reports issue``, or the scheduler after the month
+    A month that was issued (yoco reports issue, or the scheduler after the month
     ended) is written as issued: the stored bytes, whose digests its ledger entry holds.
-    Otherwise (or over another ``--checkpoint``) a draft is rendered over the checkpoint,
-    marked as a draft on every page and in its file name (``…-draft.html``), and recorded
+    Otherwise (or over another --checkpoint) a draft is rendered over the checkpoint,
+    marked as a draft on every page and in its file name (…-draft.html), and recorded
     nowhere.  Contracts that cannot be reported (no signed checkpoint yet, …) are listed
     at the end and make the exit status 2.
     """
