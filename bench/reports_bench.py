@@ -175,7 +175,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     pdfs = sorted(out.glob("*.pdf"))
     size = sum(p.stat().st_size for p in pdfs) / max(len(pdfs), 1)
-    print(f"REPORTS: {len(pdfs)} reports (HTML + PDF, recorded in the ledger) in {wall:.1f} s "
+    print(f"REPORTS: {len(pdfs)} reports (HTML + PDF: drafts, not issued) in {wall:.1f} s "
           f"with --jobs {args.jobs} = {wall / len(ids):.2f} s per contract "
           f"(goal < 2 s; includes process start-up); mean PDF {size / 1024:.0f} KiB")
     print(f"CPU: {cpu:.1f} CPU-seconds in the command and its workers = {cpu / len(ids):.2f} "

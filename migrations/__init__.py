@@ -18,6 +18,7 @@ def target_metadata() -> MetaData:
     import alerts.models  # noqa: F401
     import billing.models  # noqa: F401
     import ledger.models
+    import reports.models  # noqa: F401
     import web.models  # noqa: F401
 
     return ledger.models.Base.metadata

@@ -33,3 +33,15 @@ class MonthOutOfTerm(ReportError):
 
 class CheckpointTooOld(ReportError):
     """The checkpoint was signed before the month began: it cannot speak for that month."""
+
+
+class MonthNotOver(ReportError):
+    """The month is not over at the checkpoint: an issued report speaks for a whole month."""
+
+
+class NotIssued(ReportError):
+    """No document of that contract and period has been issued (yet)."""
+
+
+class AlreadyIssued(ReportError):
+    """The month was issued already, over another checkpoint or as other bytes."""

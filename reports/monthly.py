@@ -55,18 +55,23 @@ from ledger.models import Checkpoint, JournalEntry
 from ledger.records import ContractSpec
 from reports import charts
 from reports.data import CheckpointRecords, load_at_checkpoint
+from reports.documents import IssuedReport, insert_issued, issued_document
 from reports.errors import (
+    AlreadyIssued,
     BadMonth,
     CheckpointTooOld,
+    MonthNotOver,
     MonthOutOfTerm,
     NoCheckpoint,
     ReportError,
     UnknownCheckpoint,
 )
+from reports.models import MONTHLY
 from reports.render import html_to_pdf, render_template
 
 __all__ = [
     "REPORT_KIND",
+    "Draft",
     "MonthlyReport",
     "PreparedReport",
     "RecordedReport",
@@ -82,7 +87,10 @@ __all__ = [
     "record_report",
     "report_entry",
     "report_event_id",
+    "require_over",
+    "safe_name",
     "select_checkpoint",
+    "store_issued",
 ]
 
 REPORT_KIND = "report"
@@ -193,10 +201,15 @@ def _long_date(d: date) -> str:
     return f"{d.day} {MONTH_NAMES[d.month - 1]} {d.year}"
 
 
+def safe_name(contract_id: str) -> str:
+    """``contract_id`` for a file name: characters other than letters, digits, ``.``,
+    ``_`` and ``-`` become ``_`` (safe on every file system)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", contract_id)
+
+
 def file_stem(contract_id: str, year: int, month: int) -> str:
     """The file name (without extension) of a report: safe on every file system."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", contract_id)
-    return f"yoco-sla-{safe}-{year:04d}-{month:02d}"
+    return f"yoco-sla-{safe_name(contract_id)}-{year:04d}-{month:02d}"
 
 
 # --------------------------------------------------------------------------- reports
@@ -222,6 +235,9 @@ class PreparedReport:
     rows: tuple[sla.FailureRow, ...]
     credit: dict[str, Any] | None
     html: str
+    #: True for a draft: a rendering that is not (or not yet) the issued report, marked
+    #: as such on the page.
+    draft: bool = False
 
     @property
     def month_label(self) -> str:
@@ -430,15 +446,29 @@ def _forecast_text(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Marks a rendering as a draft, never to be confused with the issued report: the page
+    says so at the top and in every PDF page's header.  ``issued_checkpoint`` and
+    ``issued_seq`` name the month's issued report when there is one."""
+
+    issued_checkpoint: int | None = None
+    issued_seq: int | None = None
+
+
 def prepare_monthly_report(
     session: Session,
     contract_id: str,
     year: int,
     month: int,
     checkpoint_size: int | None = None,
+    *,
+    draft: Draft | None = None,
 ) -> PreparedReport:
     """Compute the month's figures over one signed checkpoint and render the HTML.
 
+    With ``draft``, the page is marked as a draft over that checkpoint (and names the
+    issued report, if any); without it, the rendering is the one that is issued.
     Reads only; never writes.  Raises :class:`~ledger.errors.UnknownContract`,
     :class:`BadMonth`, :class:`MonthOutOfTerm`, :class:`NoCheckpoint`,
     :class:`UnknownCheckpoint` or :class:`CheckpointTooOld` (all ValueErrors).
@@ -636,6 +666,7 @@ def prepare_monthly_report(
             "last_seq": cp.tree_size - 1,
         },
         "example_event": rows[0].failure.event_id if rows else None,
+        "draft": draft,
     }
     html = render_template(TEMPLATE, context)
     return PreparedReport(
@@ -655,6 +686,7 @@ def prepare_monthly_report(
         rows=rows,
         credit=credit,
         html=html,
+        draft=draft is not None,
     )
 
 
@@ -677,13 +709,17 @@ def build_monthly_report(
     year: int,
     month: int,
     checkpoint_size: int | None = None,
+    *,
+    draft: Draft | None = None,
 ) -> MonthlyReport:
     """The monthly report of ``contract_id`` for ``year-month`` over one signed checkpoint
     (default: the latest), as HTML and PDF with their SHA-256 digests.  Rendering only:
     nothing is written.  Same arguments and same checkpoint ⇒ identical HTML and PDF.
     Raises the errors of :func:`prepare_monthly_report`.
     """
-    return finish_report(prepare_monthly_report(session, contract_id, year, month, checkpoint_size))
+    return finish_report(
+        prepare_monthly_report(session, contract_id, year, month, checkpoint_size, draft=draft)
+    )
 
 
 def report_event_id(report: MonthlyReport) -> uuid.UUID:
@@ -711,7 +747,7 @@ def report_entry(report: MonthlyReport) -> journal.NewEntry:
         "event_id": str(event_id),
         "contract_id": report.contract_id,
         "occurred_at": _utc(report.as_of),
-        "report": "monthly-sla",
+        "report": MONTHLY,
         "month": report.month_label,
         "checkpoint_tree_size": report.checkpoint_size,
         "checkpoint_root_hash": report.checkpoint_root,
@@ -749,6 +785,49 @@ def record_report(session: Session, report: MonthlyReport) -> RecordedReport:
     return RecordedReport(entry.event_id, stored[0].seq, True, entry.body)
 
 
+def require_over(report: PreparedReport) -> None:
+    """Refuse (:class:`~reports.errors.MonthNotOver`) a report whose month was not over
+    when its checkpoint was signed: an issued report speaks for a whole month."""
+    if report.period_end > report.as_of:
+        raise MonthNotOver(
+            f"{report.month_label} of {report.contract_id!r} ends at "
+            f"{_utc(report.period_end)}, after checkpoint {report.checkpoint_size} was "
+            f"signed ({_utc(report.as_of)}): a report is issued over a checkpoint signed "
+            "after its month ended — sign one (`yoco ledger checkpoint`) once the month is "
+            "over; `yoco reports monthly` renders a draft meanwhile"
+        )
+
+
+def store_issued(session: Session, report: MonthlyReport) -> IssuedReport:
+    """Issue ``report`` as rendered: record its entry and store its bytes, unless its
+    month was issued already (then the issued one, ``created`` False).  The contract's
+    log stays locked until the caller commits, so two issuers of the same month are
+    serialised: the second finds the first's.  Refuses a draft and a month that is not
+    over at the report's checkpoint (:class:`~reports.errors.MonthNotOver`).  Never
+    commits."""
+    if report.draft:
+        raise ReportError("a draft is never issued: render the report without `draft`")
+    require_over(report)
+    journal.lock_logs(session, [report.contract_id])
+    found = issued_document(session, report.contract_id, report.month_label)
+    if found is not None:
+        return found
+    recorded = record_report(session, report)
+    return insert_issued(
+        session,
+        contract_id=report.contract_id,
+        period=report.month_label,
+        event_id=recorded.event_id,
+        seq=recorded.seq,
+        checkpoint_size=report.checkpoint_size,
+        checkpoint_root=report.checkpoint_root,
+        html=report.html_bytes,
+        pdf=report.pdf,
+        html_sha256=report.html_sha256,
+        pdf_sha256=report.pdf_sha256,
+    )
+
+
 def issue_monthly_report(
     session: Session,
     contract_id: str,
@@ -756,9 +835,34 @@ def issue_monthly_report(
     month: int,
     checkpoint_size: int | None = None,
 ) -> tuple[MonthlyReport, RecordedReport]:
-    """:func:`build_monthly_report`, then record it (:func:`record_report`).  Never commits."""
-    report = build_monthly_report(session, contract_id, year, month, checkpoint_size)
-    return report, record_report(session, report)
+    """Issue the month (:mod:`reports.issued`): render it over the checkpoint (default: the
+    latest), store its bytes and record its entry; returns the rendering and its entry.
+
+    A month is issued once: when it was issued before, it is rendered again over the
+    issued checkpoint and returned with the existing entry (``created`` False) if the
+    bytes are the stored ones; another checkpoint, or other bytes (another software
+    version), raise :class:`~reports.errors.AlreadyIssued` — the stored bytes are
+    :func:`reports.issued.issued_document`'s.  Never commits.
+    """
+    label = f"{year:04d}-{month:02d}"
+    _check_month(year, month)
+    found = issued_document(session, contract_id, label, with_bytes=False)
+    if found is not None and checkpoint_size not in (None, found.checkpoint_size):
+        raise AlreadyIssued(
+            f"{label} of {contract_id!r} was issued over checkpoint {found.checkpoint_size} "
+            f"(ledger entry {found.seq}); it is not issued again over {checkpoint_size}"
+        )
+    size = found.checkpoint_size if found is not None else checkpoint_size
+    report = build_monthly_report(session, contract_id, year, month, size)
+    stored = store_issued(session, report)
+    if (stored.html_sha256, stored.pdf_sha256) != (report.html_sha256, report.pdf_sha256):
+        raise AlreadyIssued(
+            f"{label} of {contract_id!r} was issued as other bytes (ledger entry "
+            f"{stored.seq}); the issued ones are stored and served as issued"
+        )
+    return report, RecordedReport(
+        stored.event_id, stored.seq, stored.created, report_entry(report).body
+    )
 
 
 def find_issued(

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from billing.models import TABLES as BILLING_TABLES
 from ledger.models import APPEND_ONLY_TABLES, PROJECTION_TABLES
+from reports.models import TABLES as ISSUED_TABLES
 from tests.billing.test_verify_projections_db import _rich_ledger
 from yoco.database import (
     CLI_LOGIN,
@@ -31,7 +32,7 @@ from yoco.database import (
     make_engine,
 )
 
-JOURNAL = (*APPEND_ONLY_TABLES, "ledger_logs")
+JOURNAL = (*APPEND_ONLY_TABLES, "ledger_logs", *ISSUED_TABLES)
 PROJECTIONS = (*PROJECTION_TABLES, *BILLING_TABLES)
 WHO = "SELECT session_user, current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = session_user)"
 

@@ -238,3 +238,28 @@ def failure_out(r: Row) -> FailureOut:
         recovery_seconds=format(o.recovery_seconds, "f") if o else None,
         lost_gpu_hours=_hours(row.lost_gpu_seconds),
     )
+
+
+class IssuedReportOut(BaseModel):
+    """An issued monthly report or year-end statement: the checkpoint it was computed
+    over, the ``report`` ledger entry that records its digests (``seq`` is the entry's
+    index in the contract's log), and where to download its exact bytes and the entry's
+    inclusion proof."""
+
+    contract_id: str
+    report: str = Field(description="The document kind: monthly-sla or year-statement.")
+    period: str = Field(description="YYYY-MM (a monthly report) or year-K (a year-end "
+                        "statement); the download links use it.")
+    month: str | None = Field(description="YYYY-MM, in the contract's time zone (a monthly "
+                              "report).")
+    year: int | None = Field(description="Contract year K (a year-end statement).")
+    checkpoint_tree_size: int
+    checkpoint_root_hash: str = Field(description="Standard base64 of the 32-byte root.")
+    event_id: str = Field(description="The report entry's event id.")
+    seq: int = Field(description="The report entry's index in the contract's log.")
+    html_sha256: str
+    pdf_sha256: str
+    issued_at: datetime
+    html: str = Field(description="Download of the issued HTML (these exact bytes).")
+    pdf: str = Field(description="Download of the issued PDF (these exact bytes).")
+    proof: str = Field(description="The report entry's inclusion proof.")

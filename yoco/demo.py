@@ -400,6 +400,7 @@ def run_demo(
     from ledger.records import parse_contracts
     from ledger.services import inclusion_bundle
     from ledger.verify import verify_all
+    from reports import issued
     from reports import monthly as rm
     from yoco.database import migrate, redact, unit_of_work
     from yoco.render import print_table
@@ -494,17 +495,15 @@ def run_demo(
     reports_dir = demo_dir / "reports"
     reports_dir.mkdir(exist_ok=True)
     for spec in specs:
-        with unit_of_work(ctx.engine) as s:
+        with unit_of_work(ctx.engine) as s:  # issued once: a later run finds the issued one
             size = _report_checkpoint(s, spec.contract_id)
-            prepared = rm.prepare_monthly_report(s, spec.contract_id, year, month, size)
-        made = rm.finish_report(prepared)
-        with unit_of_work(ctx.engine) as s:
-            recorded = rm.record_report(s, made)
+            made = issued.issue_month(s, spec.contract_id, year, month, size)
         stem = rm.file_stem(spec.contract_id, year, month)
         (reports_dir / f"{stem}.html").write_bytes(made.html_bytes)
         (reports_dir / f"{stem}.pdf").write_bytes(made.pdf)
-        console.print(f"  {reports_dir / stem}.html and .pdf"
-                      + ("" if recorded.created else " (already recorded in the ledger)"),
+        console.print(f"  {reports_dir / stem}.html and .pdf, issued over checkpoint "
+                      f"{made.checkpoint_size} (ledger entry {made.seq})"
+                      + ("" if made.created else ", issued before"),
                       highlight=False, soft_wrap=True)
 
     _step(console, 9, "REAL", "the finance export of credits")

@@ -1,23 +1,30 @@
-"""The product's own scheduler: closes ended contract years in the background.
+"""The product's own scheduler: closes ended contract years and issues ended months'
+reports in the background.
 
 ``yoco serve`` starts one :class:`CloseDueScheduler` (a daemon thread of the serving
 process, not of each uvicorn worker) that runs :func:`billing.schedule.close_due_run`
 at start-up and then every ``every`` seconds, so credits are issued without anyone
-asking; after each, the alerts' run (:func:`yoco.alerting.run_alerts`: detect, then
-deliver). Runs from several places at once are safe (see :mod:`billing.schedule`,
-:mod:`alerts.detect`).
+asking; then the monthly reports that are due (:func:`reports.issued.issue_due`: every
+contract's month once it ended, issued once, over a checkpoint signed after it); then
+the alerts' run (:func:`yoco.alerting.run_alerts`: detect, then deliver). Runs from
+several places at once are safe (see :mod:`billing.schedule`, :mod:`alerts.detect`;
+a month is issued once: the contract's log is locked and the issued document's key is
+unique).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from billing.schedule import DueRun, close_due_run
 from yoco.app import App
 
 if TYPE_CHECKING:
+    from reports.issued import DueIssueRun
     from yoco.alerting import AlertsRun
 
 log = logging.getLogger("yoco.scheduler")
@@ -26,11 +33,15 @@ log = logging.getLogger("yoco.scheduler")
 class CloseDueScheduler:
     """Run the close-due scheduler every ``every`` seconds in a daemon thread."""
 
-    def __init__(self, ctx: App, every: float) -> None:
+    def __init__(
+        self, ctx: App, every: float, clock: Callable[[], datetime] | None = None
+    ) -> None:
         if not every > 0:
             raise ValueError("every: the scheduler's period must be positive (seconds)")
         self.ctx = ctx
         self.every = every
+        #: The time the reports' run judges months by (injected in tests).
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.runs = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,6 +67,26 @@ class CloseDueScheduler:
             )
         return run
 
+    def reports_once(self) -> DueIssueRun:
+        """Issue the monthly reports that are due (each in its own transaction)."""
+        from reports.issued import issue_due
+        from yoco.database import unit_of_work
+
+        run = issue_due(
+            lambda: unit_of_work(self.ctx.engine),
+            now=self.clock(),
+            signer=self.ctx.signer,
+            origin_prefix=self.ctx.settings.log_origin,
+        )
+        for r in run.results:
+            if r.issued is not None and r.issued.created:
+                log.warning("reports: %s %s issued over checkpoint %d (ledger entry %d)",
+                            r.contract_id, r.month, r.issued.checkpoint_size, r.issued.seq)
+            elif r.problem:
+                log.warning("reports: %s %s not issued yet: %s", r.contract_id, r.month,
+                            r.problem)
+        return run
+
     def alerts_once(self) -> AlertsRun:
         """The alerts' run that follows each close-due run: detect, then deliver."""
         from yoco.alerting import alerts_config, run_alerts
@@ -71,6 +102,10 @@ class CloseDueScheduler:
                 self.run_once()
             except Exception:  # a database outage must not end the scheduler
                 log.exception("close-due run failed; retrying in %.0f s", self.every)
+            try:
+                self.reports_once()
+            except Exception:  # nor a report that cannot be rendered
+                log.exception("reports run failed; retrying in %.0f s", self.every)
             try:
                 self.alerts_once()
             except Exception:  # nor a broken alert destination

@@ -21,6 +21,7 @@ from billing.verdict import format_number
 from ledger.checkpoints import sign_all
 from ledger.ingest import ingest
 from ledger.records import validate_batch
+from reports import issued as ri
 from reports import monthly as rm
 from reports.errors import (
     BadMonth,
@@ -137,8 +138,8 @@ def test_quiet_month_via_cli_matches_sla_and_is_reproducible(
     contract, records = sc.quiet()
     seed([contract], records)
     out = tmp_path / "out"
-    text = yoco("reports", "monthly", "--month", "2026-03", "--out", str(out), "--jobs", "1")
-    assert "1 report for 2026-03 written to" in text and "1 recorded" in text
+    text = yoco("reports", "issue", "--month", "2026-03", "--out", str(out))
+    assert "C-QUIET 2026-03: issued over checkpoint 7" in text and "1 issued" in text
     html, pdf = report_files(out, "C-QUIET", "2026-03")
     assert html.read_bytes().startswith(b"<!DOCTYPE html>")
     assert pdf.read_bytes().startswith(b"%PDF-")
@@ -163,13 +164,20 @@ def test_quiet_month_via_cli_matches_sla_and_is_reproducible(
     assert entry["month"] == "2026-03" and entry["kind"] == "report"
     assert entry["checkpoint_tree_size"] == 7
 
-    # Again over the same checkpoint: byte-identical files, nothing new recorded.
+    # Rendered again over the same checkpoint (as a report, not a draft): byte-identical.
+    with unit_of_work(app_ctx.engine) as s:
+        again = rm.build_monthly_report(s, "C-QUIET", 2026, 3, 7)
+    assert again.html_bytes == html.read_bytes()
+    assert again.pdf == pdf.read_bytes()
+    # `monthly` writes the issued bytes; nothing new is recorded.
     first_html, first_pdf = html.read_bytes(), pdf.read_bytes()
     text = yoco("reports", "monthly", "--month", "2026-03", "--contract", "C-QUIET",
                 "--out", str(out), "--jobs", "1", "--checkpoint", "7")
-    assert "0 recorded, 1 already recorded" in text
+    assert "1 issued (the stored bytes), 0 drafts" in text
     assert html.read_bytes() == first_html
     assert pdf.read_bytes() == first_pdf
+    with unit_of_work(app_ctx.engine) as s:
+        assert len(rm.issued_reports(s, "C-QUIET")) == 1
     assert "all match" in yoco("ledger", "verify")
 
 
@@ -388,18 +396,28 @@ def test_batch_of_contracts_in_parallel(
     out = tmp_path / "batch"
     text = yoco("reports", "monthly", "--month", "2026-03", "--out", str(out), "--jobs", "2",
                 "--format", "pdf")
-    # C-CLOSED runs 2025-2026: active in March 2026 too.
+    # C-CLOSED runs 2025-2026: active in March 2026 too.  Nothing issued yet: drafts.
     assert "3 reports for 2026-03 written to" in text and "(pdf)" in text
+    assert "0 issued (the stored bytes), 3 drafts" in text
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        report_files(out, cid, "2026-03")[1].name for cid in ("C-QUIET", "C-TIP", "C-CLOSED")
+        report_files(out, cid, "2026-03")[1].name.replace(".pdf", "-draft.pdf")
+        for cid in ("C-QUIET", "C-TIP", "C-CLOSED")
     )
     with unit_of_work(app_ctx.engine) as s:
         for cid in ("C-QUIET", "C-TIP", "C-CLOSED"):
-            [entry] = rm.issued_reports(s, cid, ["2026-03"])
-            pdf = report_files(out, cid, "2026-03")[1]
-            assert entry["pdf_sha256"] == hashlib.sha256(pdf.read_bytes()).hexdigest()
+            assert rm.issued_reports(s, cid, ["2026-03"]) == []  # a draft records nothing
         # Rendered again here, in this process: the same bytes as the worker's PDF.
-        again = rm.build_monthly_report(s, "C-TIP", 2026, 3)
-    assert again.pdf == report_files(out, "C-TIP", "2026-03")[1].read_bytes()
+        again = ri.render_draft(s, "C-TIP", 2026, 3)
+    draft_pdf = out / report_files(out, "C-TIP", "2026-03")[1].name.replace(".pdf", "-draft.pdf")
+    assert isinstance(again, rm.MonthlyReport) and again.pdf == draft_pdf.read_bytes()
+    # Issued: one entry each, whose digest is the stored PDF's.
+    issued_dir = tmp_path / "issued"
+    assert "3 issued, 0 already issued" in yoco("reports", "issue", "--month", "2026-03",
+                                                 "--out", str(issued_dir))
+    with unit_of_work(app_ctx.engine) as s:
+        for cid in ("C-QUIET", "C-TIP", "C-CLOSED"):
+            [entry] = rm.issued_reports(s, cid, ["2026-03"])
+            pdf = report_files(issued_dir, cid, "2026-03")[1]
+            assert entry["pdf_sha256"] == hashlib.sha256(pdf.read_bytes()).hexdigest()
     assert "projections rebuilt" in yoco("ledger", "rebuild")
     assert "all match" in yoco("ledger", "verify")

@@ -67,10 +67,20 @@ def _api_gets(app: Any) -> list[str]:
     )
 
 
+def _issue_march(ctx: Any, *cids: str) -> None:
+    """Issue March 2026 of ``cids`` (the report routes serve only issued documents)."""
+    from reports.issued import issue_month
+    from yoco.database import unit_of_work
+
+    for cid in cids:
+        with unit_of_work(ctx.engine) as s:
+            issue_month(s, cid, 2026, 3)
+
+
 def _target(path: str, cid: str, seed: Any) -> tuple[str, dict[str, Any]]:
     fid = seed.failures[cid][1]
     url = (path.replace("{contract_id}", cid).replace("{event_id}", fid)
-           .replace("{year}", "1"))
+           .replace("{year}", "1").replace("{month}", "2026-03").replace("{fmt}", "pdf"))
     query: dict[str, Any] = {}
     if path.endswith("/consistency"):
         query = {"size1": seed.sizes[cid], "size2": seed.sizes[cid]}
@@ -87,7 +97,8 @@ def _ingest(client: TestClient, seed: Any, *records: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- tags
 
 
-def test_every_api_get_answers_304_to_its_own_tag(api_app, client_of, seed) -> None:
+def test_every_api_get_answers_304_to_its_own_tag(api_app, client_of, seed, seeded) -> None:
+    _issue_march(seeded[0], "C-A")
     alice = client_of("a")
     paths = _api_gets(api_app)
     assert len(paths) >= 12
@@ -579,6 +590,7 @@ def test_every_read_route_for_every_caller_and_tenant(api_app, client_of, seed, 
     A's list), as anonymous, both customers, staff and four tokens, for A's and B's
     contract: exactly who sees what, and nothing of the other tenant."""
     ctx, _ = seeded
+    _issue_march(ctx, "C-A", "C-B")
     headers = {
         "ingest_a": {"Authorization": f"Bearer {seed.token}"},
         "read_a": {"Authorization": f"Bearer {_read_token(ctx, 'Acme AI')}"},

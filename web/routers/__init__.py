@@ -11,6 +11,7 @@ from web.routers import (
     api_docs,
     api_failures,
     api_records,
+    api_reports,
     auditlog,
     auth,
     checkpoints,
@@ -40,6 +41,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     api_failures.router,
     api_checkpoints.router,
     api_records.router,
+    api_reports.router,
     auditlog.router,
     metrics.router,
 )

@@ -1,15 +1,28 @@
-"""Monthly SLA reports of a contract (pages): the list, and each month as HTML or PDF."""
+"""Monthly SLA reports of a contract (pages): the list, each month's issued report as
+stored (HTML or PDF), and drafts over the latest checkpoint, marked as drafts.
+
+``/contracts/{id}/reports/{YYYY-MM}.html`` / ``.pdf`` serve the issued document's exact
+bytes (their SHA-256 is the ``report`` ledger entry's); a month not issued yet is sent
+to its draft (``?draft=1``), which is rendered over the latest signed checkpoint and
+says on every page that it is a draft and not the issued report.  ``year-K`` in place
+of the month serves contract year K's issued year-end statement (no drafts of those).
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from ledger.errors import InvariantBroken
-from reports.monthly import MonthlyReport, PreparedReport
+from reports import issued as ri
+from reports.documents import document_of
+from reports.models import STATEMENT
+from reports.monthly import PreparedReport, file_stem, finish_report
+from reports.statement import statement_stem
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
@@ -23,6 +36,34 @@ REPORT_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
     "frame-ancestors 'none'"
 )
+#: Says what a report download is: ``issued`` (the stored bytes) or ``draft``.
+STATUS_HEADER = "X-Yoco-Report"
+
+
+def repr_digest(data: bytes) -> str:
+    """The ``Repr-Digest`` header value (RFC 9530) of ``data``: its SHA-256."""
+    return "sha-256=:" + base64.b64encode(hashlib.sha256(data).digest()).decode() + ":"
+
+
+def issued_headers(doc: ri.IssuedReport, body: bytes) -> dict[str, str]:
+    """Headers of an issued document's download: what it is, its entry and checkpoint,
+    and its digest (the entry's)."""
+    return {
+        STATUS_HEADER: (
+            f"issued; checkpoint={doc.checkpoint_size}; entry={doc.seq}; "
+            f"event-id={doc.event_id}"
+        ),
+        "Repr-Digest": repr_digest(body),
+    }
+
+
+def download_name(contract_id: str, period: str, ext: str, draft: bool) -> str:
+    """The file name of a report (``YYYY-MM``) or statement (``year-K``) download (a
+    draft's says so)."""
+    if document_of(period) == STATEMENT:
+        return statement_stem(contract_id, int(period.removeprefix("year-"))) + "." + ext
+    y, m = int(period[:4]), int(period[5:7])
+    return file_stem(contract_id, y, m) + ("-draft" if draft else "") + "." + ext
 
 
 @router.get("/contracts/{contract_id}/reports")
@@ -34,8 +75,11 @@ def report_list(
     portal: PortalDep,
     year: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Response:
-    """The months of a contract year that have a report, with HTML and PDF links."""
+    """The months of a contract year: each issued report with its checkpoint, ledger
+    entry, proof and digests; months not issued yet with a draft."""
     view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
+    issued = {d.period: d for d in ri.list_issued(db, contract_id)}
+    statements = ri.list_issued(db, contract_id, STATEMENT)
     return page(
         request,
         "reports.html",
@@ -43,43 +87,100 @@ def report_list(
             "view": view,
             "contract": view.contract,
             "months": services.months_so_far(view),
+            "issued": issued,
+            "statements": statements,
             "years": list(range(1, view.contract.term_years + 1)),
             "section": "reports",
         },
     )
 
 
-def _report(
-    db: Session, user: Principal, contract_id: str, month: str, html_only: bool
-) -> PreparedReport:
-    from reports import monthly
-
+def _month(db: Session, user: Principal, contract_id: str, month: str) -> tuple[int, int]:
     services.contract_for(db, user, contract_id)
     ym = services.parse_month(month)
     if ym is None:
         raise NotFound()
-    if html_only:
-        return monthly.prepare_monthly_report(db, contract_id, ym[0], ym[1])
-    return monthly.build_monthly_report(db, contract_id, ym[0], ym[1])
+    return ym
+
+
+def _statement(
+    db: Session, user: Principal, contract_id: str, period: str, draft: bool
+) -> ri.IssuedReport | None:
+    """The issued statement ``period`` (``year-K``) names; None when it names a month;
+    404 for a statement not issued (there are no drafts of statements)."""
+    if document_of(period) != STATEMENT:
+        return None
+    services.contract_for(db, user, contract_id)
+    doc = None if draft else ri.issued_document(db, contract_id, period, STATEMENT)
+    if doc is None:
+        raise NotFound()
+    return doc
+
+
+def _draft(db: Session, contract_id: str, ym: tuple[int, int]) -> PreparedReport:
+    return ri.render_draft(db, contract_id, ym[0], ym[1], with_pdf=False)
+
+
+def _draft_headers(report: PreparedReport) -> dict[str, str]:
+    return {STATUS_HEADER: f"draft; checkpoint={report.checkpoint_size}"}
 
 
 @router.get("/contracts/{contract_id}/reports/{month}.html")
-def report_html(contract_id: str, month: str, user: UserDep, db: PageDb) -> Response:
-    """The monthly report as HTML (over the latest signed checkpoint)."""
-    report = _report(db, user, contract_id, month, html_only=True)
-    return HTMLResponse(
-        report.html, headers={"Content-Security-Policy": REPORT_CSP}
-    )
+def report_html(
+    contract_id: str,
+    month: str,
+    user: UserDep,
+    db: PageDb,
+    draft: Annotated[bool, Query(description="A draft over the latest checkpoint.")] = False,
+) -> Response:
+    """The issued report as stored (HTML); ``?draft=1``: a draft over the latest
+    checkpoint.  A month not issued yet redirects to its draft."""
+    headers = {"Content-Security-Policy": REPORT_CSP}
+    statement = _statement(db, user, contract_id, month, draft)
+    if statement is not None:
+        return Response(statement.html_bytes, media_type="text/html; charset=utf-8",
+                        headers=headers | issued_headers(statement, statement.html_bytes))
+    ym = _month(db, user, contract_id, month)
+    if not draft:
+        doc = ri.issued_document(db, contract_id, month)
+        if doc is None:
+            return RedirectResponse(f"{month}.html?draft=1", status_code=303)
+        return Response(doc.html_bytes, media_type="text/html; charset=utf-8",
+                        headers=headers | issued_headers(doc, doc.html_bytes))
+    report = _draft(db, contract_id, ym)
+    return Response(report.html.encode("utf-8"), media_type="text/html; charset=utf-8",
+                    headers=headers | _draft_headers(report))
 
 
 @router.get("/contracts/{contract_id}/reports/{month}.pdf")
-def report_pdf(contract_id: str, month: str, user: UserDep, db: PageDb) -> Response:
-    """The monthly report as PDF (download)."""
-    report = _report(db, user, contract_id, month, html_only=False)
-    if not isinstance(report, MonthlyReport):
-        raise InvariantBroken("a PDF was asked for, an HTML-only report came back")
-    return Response(
-        report.pdf,
-        media_type="application/pdf",
-        headers=attachment(f"sla-{contract_id}-{month}.pdf"),
-    )
+def report_pdf(
+    contract_id: str,
+    month: str,
+    user: UserDep,
+    db: PageDb,
+    draft: Annotated[bool, Query(description="A draft over the latest checkpoint.")] = False,
+) -> Response:
+    """The issued report as stored (PDF download); ``?draft=1``: a draft over the latest
+    checkpoint.  A month not issued yet redirects to its draft."""
+    statement = _statement(db, user, contract_id, month, draft)
+    if statement is not None:
+        name = download_name(contract_id, month, "pdf", draft=False)
+        return Response(statement.pdf, media_type="application/pdf", headers={
+            **attachment(name),
+            **issued_headers(statement, statement.pdf),
+        })
+    ym = _month(db, user, contract_id, month)
+    if not draft:
+        doc = ri.issued_document(db, contract_id, month)
+        if doc is None:
+            return RedirectResponse(f"{month}.pdf?draft=1", status_code=303)
+        name = download_name(contract_id, month, "pdf", draft=False)
+        return Response(doc.pdf, media_type="application/pdf", headers={
+            **attachment(name),
+            **issued_headers(doc, doc.pdf),
+        })
+    report = finish_report(_draft(db, contract_id, ym))
+    name = download_name(contract_id, month, "pdf", draft=True)
+    return Response(report.pdf, media_type="application/pdf", headers={
+        **attachment(name), **_draft_headers(report),
+    })
