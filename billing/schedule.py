@@ -28,14 +28,17 @@ from sqlalchemy.orm import Session
 from billing.closing import CloseResult, close_due
 from billing.models import BillingYear
 from billing.years import contract_year_bounds, require_aware
+from ledger.checkpoints import SignedHead, sign_grown
 from ledger.contracts import get_contract
 from ledger.note import Signer
 
 __all__ = [
     "CLOSE_DUE_EVERY",
     "CLOSE_DUE_LOCK",
+    "CheckpointRun",
     "DueRun",
     "YearPhase",
+    "checkpoint_run",
     "close_due_run",
     "year_phase",
 ]
@@ -98,6 +101,24 @@ def close_due_run(
         include_pending=include_pending,
     )
     return DueRun(ran=True, now=now, results=results)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRun:
+    """One scheduled checkpoint run: the heads it signed (logs that had grown)."""
+
+    heads: list[SignedHead] = field(default_factory=list)
+
+
+def checkpoint_run(session: Session, *, signer: Signer, origin_prefix: str) -> CheckpointRun:
+    """Sign every log with new entries (:func:`ledger.checkpoints.sign_grown`) under the
+    scheduler's lock (:data:`CLOSE_DUE_LOCK`, waited for: a close-due run signs the logs it
+    closes, and the checkpoint interval is a promise, so this run is never skipped).
+
+    Never commits: the caller's unit of work does, which releases the lock.
+    """
+    session.execute(select(func.pg_advisory_xact_lock(CLOSE_DUE_LOCK)))
+    return CheckpointRun(heads=sign_grown(session, signer, origin_prefix))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

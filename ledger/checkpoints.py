@@ -8,14 +8,32 @@ a consistency proof between the two must verify.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger import merkle, note, tree
 from ledger.errors import CheckpointRefused
 from ledger.models import Checkpoint, LedgerLog
+
+#: How often a log with new entries gets a signed checkpoint by default (``yoco serve``'s
+#: scheduler and the deploy/ timers; setting ``YOCO_LEDGER_CHECKPOINT_EVERY_S``). An entry
+#: is under a signed checkpoint, and so has an inclusion proof, at most this long (plus
+#: one run's duration) after it is appended.
+CHECKPOINT_EVERY = timedelta(minutes=5)
+
+
+def describe_interval(seconds: float) -> str:
+    """Words for a checkpoint interval: ``"5 minutes"``, ``"1 hour"``, ``"90 seconds"``."""
+    if not seconds > 0:
+        raise ValueError(f"interval: must be positive, got {seconds!r}")
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    amount: float = int(seconds) if float(seconds).is_integer() else seconds
+    return f"{amount:g} second{'s' if amount != 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,3 +136,21 @@ def sign_all(session: Session, signer: note.Signer, origin_prefix: str) -> list[
         select(LedgerLog.log_id).where(LedgerLog.size > 0).order_by(LedgerLog.log_id)
     ).scalars()
     return [sign_log(session, signer, log_id, origin_prefix) for log_id in list(log_ids)]
+
+
+def sign_grown(session: Session, signer: note.Signer, origin_prefix: str) -> list[SignedHead]:
+    """Sign a new head for every log with entries beyond its last checkpoint; return only
+    the heads signed now (a log that did not grow is left as it is, no row written)."""
+    newest = (
+        select(Checkpoint.log_id, func.max(Checkpoint.tree_size).label("size"))
+        .group_by(Checkpoint.log_id)
+        .subquery()
+    )
+    log_ids = session.execute(
+        select(LedgerLog.log_id)
+        .outerjoin(newest, newest.c.log_id == LedgerLog.log_id)
+        .where(LedgerLog.size > func.coalesce(newest.c.size, 0))
+        .order_by(LedgerLog.log_id)
+    ).scalars()
+    heads = [sign_log(session, signer, log_id, origin_prefix) for log_id in list(log_ids)]
+    return [h for h in heads if h.created]

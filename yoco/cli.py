@@ -497,18 +497,22 @@ def ledger_verify() -> None:
 
 @ledger_app.command("checkpoint")
 def ledger_checkpoint() -> None:
-    """Sign and store a new tree head for every log that grew since its last checkpoint."""
-    from ledger.checkpoints import sign_all
+    """Sign and store a new tree head for every log that grew since its last checkpoint.
+
+    This is the scheduled checkpoint run (what ``yoco serve`` does every
+    YOCO_LEDGER_CHECKPOINT_EVERY_S seconds, and the deploy/ timers run where no
+    ``yoco serve`` does); it waits for the scheduler's lock, so it is safe next to them.
+    """
+    from billing.schedule import checkpoint_run
 
     with application() as ctx:
-        heads = _unit(ctx, lambda s: sign_all(s, ctx.signer, ctx.settings.log_origin))
-    for h in heads:
-        state = "signed" if h.created else "unchanged"
-        out.print(
-            f"{state}: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}", highlight=False
-        )
-    if not heads:
-        out.print("nothing to sign: the ledger is empty")
+        run = _unit(ctx, lambda s: checkpoint_run(
+            s, signer=ctx.signer, origin_prefix=ctx.settings.log_origin))
+    for h in run.heads:
+        out.print(f"signed: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}",
+                  highlight=False)
+    if not run.heads:
+        out.print("nothing to sign: no log has entries beyond its last checkpoint")
 
 
 @ledger_app.command("prove")

@@ -1,4 +1,5 @@
-"""The product's own scheduler: closes ended contract years in the background.
+"""The product's own scheduler: closes ended contract years and signs checkpoints in the
+background.
 
 ``yoco serve`` starts one :class:`CloseDueScheduler` (a daemon thread of the serving
 process, not of each uvicorn worker) that runs :func:`billing.schedule.close_due_run`
@@ -6,15 +7,23 @@ at start-up and then every ``every`` seconds, so credits are issued without anyo
 asking; after each, the alerts' run (:func:`yoco.alerting.run_alerts`: detect, then
 deliver). Runs from several places at once are safe (see :mod:`billing.schedule`,
 :mod:`alerts.detect`).
+
+It also starts one :class:`CheckpointScheduler` (a second daemon thread) that signs every
+log with new entries every ``checkpoint_every_s`` seconds
+(:func:`billing.schedule.checkpoint_run`, under the close-due run's lock), so an entry has
+an inclusion proof within that interval; the deploy/ timers run ``yoco ledger checkpoint``
+on the same period where no ``yoco serve`` runs.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from billing.schedule import DueRun, close_due_run
+from billing.schedule import CheckpointRun, DueRun, checkpoint_run, close_due_run
 from yoco.app import App
 
 if TYPE_CHECKING:
@@ -81,6 +90,80 @@ class CloseDueScheduler:
         """Start the thread (the first run happens at once)."""
         assert self._thread is None, "started twice"
         self._thread = threading.Thread(target=self._loop, name="yoco-close-due", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the thread to stop and wait for a run in progress to finish."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class CheckpointScheduler:
+    """Sign every log with new entries every ``every`` seconds, in a daemon thread.
+
+    ``clock`` is a monotonic clock (seconds; tests inject one): :meth:`tick` runs when
+    ``every`` seconds have passed since the last run started, so a run that takes long
+    does not push the next one later than the interval promises.
+    """
+
+    def __init__(
+        self, ctx: App, every: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not every > 0:
+            raise ValueError("every: the checkpoint interval must be positive (seconds)")
+        self.ctx = ctx
+        self.every = every
+        self.clock = clock
+        self.runs = 0
+        self.next_at: float | None = None  # None: due now
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def due(self) -> bool:
+        """Whether a run is due at the clock's current time."""
+        return self.next_at is None or self.clock() >= self.next_at
+
+    def run_once(self) -> CheckpointRun:
+        """One run, committed: sign every log that grew (then submit to the witnesses)."""
+        from yoco.database import unit_of_work
+
+        with unit_of_work(self.ctx.engine) as s:
+            run = checkpoint_run(
+                s, signer=self.ctx.signer, origin_prefix=self.ctx.settings.log_origin
+            )
+        self.runs += 1
+        if run.heads:
+            log.info("checkpoints: signed %d log(s)", len(run.heads))
+        return run
+
+    def tick(self) -> CheckpointRun | None:
+        """Run if due (the next run is then due ``every`` seconds after this one
+        started); return the run, or None when not due."""
+        if not self.due():
+            return None
+        started = self.clock()
+        self.next_at = started + self.every
+        return self.run_once()
+
+    def _wait_s(self) -> float:
+        if self.next_at is None:
+            return 0.0
+        return max(0.0, self.next_at - self.clock())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a database outage must not end the scheduler
+                log.exception("checkpoint run failed; retrying in %.0f s", self.every)
+            self._stop.wait(self._wait_s())
+
+    def start(self) -> None:
+        """Start the thread (the first run happens at once)."""
+        if self._thread is not None:
+            raise RuntimeError("the checkpoint scheduler is started already")
+        self._thread = threading.Thread(target=self._loop, name="yoco-checkpoints", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:

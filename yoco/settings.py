@@ -14,6 +14,8 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ledger.checkpoints import CHECKPOINT_EVERY
+
 
 def _default_data_dir() -> Path:
     # The embedded server opens every parent folder of its data dir to other
@@ -37,6 +39,13 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="YOCO_DATA_DIR")
     signing_key_path: Path | None = Field(default=None, validation_alias="YOCO_SIGNING_KEY")
     log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
+    #: Every log with new entries gets a signed checkpoint within this many seconds
+    #: (``yoco serve``'s scheduler, the deploy/ timers); the portal states it to customers
+    #: waiting for a proof. Default :data:`ledger.checkpoints.CHECKPOINT_EVERY`.
+    checkpoint_every_s: int = Field(
+        default=int(CHECKPOINT_EVERY.total_seconds()), gt=0, le=86400,
+        validation_alias="YOCO_LEDGER_CHECKPOINT_EVERY_S",
+    )
     #: Alerts (docs/alerts.md): a log with entries under no signed checkpoint newer than
     #: this many seconds raises ``checkpoint_stale``.
     alerts_checkpoint_max_age_s: int = Field(

@@ -1,0 +1,101 @@
+"""Scheduled checkpoints: every log with new entries is signed by one scheduler run, a log
+that did not grow is not signed again, and runs happen once per interval of an injected
+monotonic clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from ledger.checkpoints import CHECKPOINT_EVERY, describe_interval
+from ledger.ingest import ingest
+from ledger.models import Checkpoint
+from ledger.records import validate_batch
+from tests import factories as fx
+from yoco.database import unit_of_work
+from yoco.scheduler import CheckpointScheduler
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _append(app_ctx: Any, cid: str, n: int = 1) -> None:
+    recs, errors = validate_batch(
+        [fx.rec("job_progress", cid, fx.later(i + 1), job_id="j1", step=i, step_seconds=1.0)
+         for i in range(n)]
+    )
+    assert not errors, errors
+    with unit_of_work(app_ctx.engine) as s:
+        ingest(s, recs, None, app_ctx.projectors)
+
+
+def _signed(app_ctx: Any) -> dict[str, list[int]]:
+    with unit_of_work(app_ctx.engine) as s:
+        rows = s.execute(
+            select(Checkpoint.log_id, Checkpoint.tree_size).order_by(Checkpoint.tree_size)
+        ).all()
+    out: dict[str, list[int]] = {}
+    for log_id, size in rows:
+        out.setdefault(log_id, []).append(size)
+    return out
+
+
+def test_one_run_signs_the_grown_log_and_leaves_the_unchanged_one(
+    seed: Callable[..., None], app_ctx: Any
+) -> None:
+    seed([fx.contract("C-1"), fx.contract("C-2")],
+         [fx.job_started(), fx.rec("job_started", "C-2", job_id="j1", gpus=8)])
+    before = _signed(app_ctx)
+    assert set(before) == {"C-1", "C-2"}
+    _append(app_ctx, "C-1", 3)
+
+    sched = CheckpointScheduler(app_ctx, 300, clock=FakeClock())
+    run = sched.tick()
+    assert run is not None
+    assert [(h.log_id, h.created) for h in run.heads] == [("C-1", True)]
+    after = _signed(app_ctx)
+    assert after["C-2"] == before["C-2"]  # unchanged: no new checkpoint row
+    assert after["C-1"] == [*before["C-1"], before["C-1"][-1] + 3]
+
+
+def test_runs_follow_the_injected_clock(seed: Callable[..., None], app_ctx: Any) -> None:
+    seed([fx.contract("C-1")], [fx.job_started()], sign=False)
+    clock = FakeClock()
+    sched = CheckpointScheduler(app_ctx, 300, clock=clock)
+    first = sched.tick()  # due at once: the log is signed
+    assert first is not None and [h.tree_size for h in first.heads] == [2]
+    _append(app_ctx, "C-1")
+    clock.now += 299
+    assert not sched.due() and sched.tick() is None
+    assert _signed(app_ctx)["C-1"] == [2]  # not yet: within the interval
+    clock.now += 1
+    second = sched.tick()
+    assert second is not None and [h.tree_size for h in second.heads] == [3]
+    clock.now += 300
+    third = sched.tick()  # due, but nothing grew: nothing signed
+    assert third is not None and third.heads == [] and sched.runs == 3
+    with unit_of_work(app_ctx.engine) as s:
+        assert s.execute(select(func.count()).select_from(Checkpoint)).scalar_one() == 2
+
+
+def test_the_interval_must_be_positive(app_ctx: Any) -> None:
+    with pytest.raises(ValueError, match="every"):
+        CheckpointScheduler(app_ctx, 0)
+
+
+def test_interval_words() -> None:
+    assert describe_interval(CHECKPOINT_EVERY.total_seconds()) == "5 minutes"
+    assert describe_interval(3600) == "1 hour"
+    assert describe_interval(90) == "90 seconds"
+    with pytest.raises(ValueError, match="interval"):
+        describe_interval(0)
