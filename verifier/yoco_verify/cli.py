@@ -169,6 +169,11 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the verifier; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["witness"]:  # the witness server (yoco_verify.witness)
+        from yoco_verify.witness import run as run_witness
+
+        return run_witness(argv[1:])
     args = _parser().parse_args(argv)
     out = _Out(args.quiet)
     try:
