@@ -37,6 +37,8 @@ EVENT_KINDS = (
     "credit_issued",
     "checkpoint_stale",
     "record_refused",
+    "witness_down",
+    "witness_refused",
     "test",
 )
 DESTINATION_KINDS = ("webhook", "email")

@@ -35,6 +35,7 @@ from ledger.errors import NoteError
 __all__ = [
     "ALG_COSIGNATURE_V1",
     "MAX_PROOF_LINES",
+    "SIZE_MEDIA_TYPE",
     "AddCheckpoint",
     "Cosigner",
     "CosignerKey",
@@ -48,6 +49,9 @@ __all__ = [
 
 ALG_COSIGNATURE_V1 = 0x04
 """Algorithm byte of Ed25519 ``cosignature/v1`` keys (tlog-cosignature)."""
+
+SIZE_MEDIA_TYPE = "text/x.tlog.size"
+"""The media type of a witness's 409 answer, whose body is its size (tlog-witness)."""
 
 MAX_PROOF_LINES = 63
 """The most consistency proof lines an add-checkpoint request may hold (tlog-witness)."""

@@ -485,14 +485,36 @@ def ledger_verify() -> None:
                 )
 
         report = _unit(ctx, run)
+        heads = _check_witnesses(ctx, verifier) if ctx.witnesses else None
     out.print(
         f"ledger verified: {report.logs} logs, {report.entries} entries, "
         f"{report.nodes} Merkle nodes, {report.checkpoints} signed checkpoints, "
         f"{report.projection_tables} projection tables ({report.projection_rows} rows) "
         "— all match"
     )
+    if heads is not None:
+        out.print(f"witnesses: {len(heads)} cosigned head(s) of {len(ctx.witnesses)} "
+                  "witness(es) compared — the database extends every one")
     if verifier is None:
         out.print("(no signer key here: checkpoint signatures were not checked)")
+
+
+def _check_witnesses(ctx: App, verifier: Any) -> list[Any]:
+    """Compare the database with every witness's latest cosigned head of every log
+    (:func:`ledger.witnessing.check_against_witnesses`); exit 1 naming the log and sizes
+    when it is shorter or inconsistent, or when a witness cannot be asked."""
+    from ledger.witnessing import HttpTransport, check_against_witnesses
+
+    transport = HttpTransport(ctx.settings.witness_timeout_s)
+    try:
+        return _unit(ctx, lambda s: check_against_witnesses(
+            s, ctx.witnesses, transport, verifier))
+    except OSError as exc:
+        err.print(f"[bold red]FAILED:[/] could not compare with the witnesses: {exc}",
+                  highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        transport.close()
 
 
 @ledger_app.command("checkpoint")
@@ -508,11 +530,21 @@ def ledger_checkpoint() -> None:
     with application() as ctx:
         run = _unit(ctx, lambda s: checkpoint_run(
             s, signer=ctx.signer, origin_prefix=ctx.settings.log_origin))
-    for h in run.heads:
-        out.print(f"signed: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}",
-                  highlight=False)
-    if not run.heads:
-        out.print("nothing to sign: no log has entries beyond its last checkpoint")
+        for h in run.heads:
+            out.print(f"signed: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}",
+                      highlight=False)
+        if not run.heads:
+            out.print("nothing to sign: no log has entries beyond its last checkpoint")
+        if ctx.witnesses:
+            from yoco.scheduler import submit_and_alert
+
+            sub = submit_and_alert(ctx)
+            out.print(sub.summary(), highlight=False)
+            for name, (error, _) in sorted(sub.down.items()):
+                err.print(f"witness {name} down: {error}", highlight=False)
+            for r in sub.refused:
+                err.print(f"witness {r.witness} refused {r.log_id} size {r.tree_size} "
+                          f"(HTTP {r.status}): {r.message}", highlight=False)
 
 
 @ledger_app.command("prove")

@@ -27,6 +27,7 @@ from billing.schedule import CheckpointRun, DueRun, checkpoint_run, close_due_ru
 from yoco.app import App
 
 if TYPE_CHECKING:
+    from ledger.witnessing import SubmitRun
     from yoco.alerting import AlertsRun
 
 log = logging.getLogger("yoco.scheduler")
@@ -99,6 +100,25 @@ class CloseDueScheduler:
             self._thread.join(timeout)
 
 
+def submit_and_alert(ctx: App) -> SubmitRun:
+    """Submit every head a configured witness has not cosigned yet, store the
+    cosignatures, and raise an alert for each witness down or refusing (committed)."""
+    from alerts.witnesses import raise_witness_alerts
+    from ledger.witnessing import HttpTransport, submit_pending
+    from yoco.database import unit_of_work
+
+    transport = HttpTransport(ctx.settings.witness_timeout_s)
+    try:
+        run = submit_pending(ctx.engine, ctx.witnesses, transport)
+    finally:
+        transport.close()
+    if run.down or run.refused:
+        with unit_of_work(ctx.engine) as s:
+            raise_witness_alerts(s, run)
+        log.warning("%s", run.summary())
+    return run
+
+
 class CheckpointScheduler:
     """Sign every log with new entries every ``every`` seconds, in a daemon thread.
 
@@ -125,7 +145,8 @@ class CheckpointScheduler:
         return self.next_at is None or self.clock() >= self.next_at
 
     def run_once(self) -> CheckpointRun:
-        """One run, committed: sign every log that grew (then submit to the witnesses)."""
+        """One run, committed: sign every log that grew, then submit every head a
+        witness has not cosigned yet (:meth:`witness_once`)."""
         from yoco.database import unit_of_work
 
         with unit_of_work(self.ctx.engine) as s:
@@ -135,7 +156,16 @@ class CheckpointScheduler:
         self.runs += 1
         if run.heads:
             log.info("checkpoints: signed %d log(s)", len(run.heads))
+        if self.ctx.witnesses:
+            try:
+                self.witness_once()
+            except Exception:  # the witnesses delay cosigning, never the checkpoints
+                log.exception("witness submission failed; retrying next run")
         return run
+
+    def witness_once(self) -> SubmitRun:
+        """Submit to the witnesses; raise ``witness_down`` / ``witness_refused`` alerts."""
+        return submit_and_alert(self.ctx)
 
     def tick(self) -> CheckpointRun | None:
         """Run if due (the next run is then due ``every`` seconds after this one

@@ -48,13 +48,11 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from ledger import merkle, note
-from ledger.cosign import Cosigner, parse_add_checkpoint, signature_lines
+from ledger.cosign import SIZE_MEDIA_TYPE, Cosigner, parse_add_checkpoint, signature_lines
 from ledger.errors import NoteError, ProofError
 
 __all__ = ["Answer", "LogKeys", "Witness", "WitnessState", "generate_key", "run", "serve"]
 
-#: The media type of a 409's body (the witness's size), as the spec names it.
-SIZE_TYPE = "text/x.tlog.size"
 _MAX_BODY = 1 << 20
 
 
@@ -195,7 +193,7 @@ class Witness:
             last = self.state.get(cp.origin)
             have = last.size if last is not None else 0
             if req.old_size != have:
-                return Answer(409, f"{have}\n".encode(), SIZE_TYPE)
+                return Answer(409, f"{have}\n".encode(), SIZE_MEDIA_TYPE)
             if last is not None:
                 if cp.size == last.size:
                     if cp.root != last.root:
