@@ -521,9 +521,10 @@ def _check_witnesses(ctx: App, verifier: Any) -> list[Any]:
 def ledger_checkpoint() -> None:
     """Sign and store a new tree head for every log that grew since its last checkpoint.
 
-    This is the scheduled checkpoint run (what ``yoco serve`` does every
+    This is the scheduled checkpoint run (what 'yoco serve' does every
     YOCO_LEDGER_CHECKPOINT_EVERY_S seconds, and the deploy/ timers run where no
-    ``yoco serve`` does); it waits for the scheduler's lock, so it is safe next to them.
+    'yoco serve' does); it waits for the scheduler's lock, so it is safe next to them.
+    With YOCO_WITNESSES set, every head a witness has not cosigned is then submitted.
     """
     from billing.schedule import checkpoint_run
 
