@@ -18,9 +18,12 @@ wait for it. The policy is global: ``YOCO_WITNESS_QUORUM`` of the configured wit
 from __future__ import annotations
 
 import http.client
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import zip_longest
 from typing import Protocol
 from urllib.parse import quote, urlsplit
 
@@ -109,19 +112,37 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """Keep-alive HTTP(S) connections, one per witness host, with a timeout per request."""
+    """Keep-alive HTTP(S) connections, one per witness host and thread, with a timeout
+    per request; safe to share between threads."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._conns: dict[tuple[str, str], http.client.HTTPConnection] = {}
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._all_lock = threading.Lock()
+
+    def _conns(self) -> dict[tuple[str, str], http.client.HTTPConnection]:
+        conns: dict[tuple[str, str], http.client.HTTPConnection] | None = getattr(
+            self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        return conns
 
     def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
-        conn = self._conns.get((scheme, netloc))
+        conns = self._conns()
+        conn = conns.get((scheme, netloc))
         if conn is None:
             cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
             conn = cls(netloc, timeout=self.timeout_s)
-            self._conns[(scheme, netloc)] = conn
+            conns[(scheme, netloc)] = conn
+            with self._all_lock:
+                self._all.append(conn)
         return conn
+
+    def _drop(self, scheme: str, netloc: str) -> None:
+        conn = self._conns().pop((scheme, netloc), None)
+        if conn is not None:
+            conn.close()
 
     def __call__(self, method: str, url: str, body: bytes | None) -> HttpAnswer:
         """One request, retried once on a fresh connection when a kept one was closed."""
@@ -135,24 +156,23 @@ class HttpTransport:
                 resp = conn.getresponse()
                 data = resp.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                conn.close()
-                self._conns.pop((parts.scheme, parts.netloc), None)
+                self._drop(parts.scheme, parts.netloc)
                 if attempt == 2:
                     raise
                 continue
             except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                self._conns.pop((parts.scheme, parts.netloc), None)
+                self._drop(parts.scheme, parts.netloc)
                 raise OSError(f"{url}: {exc}") from exc
             return HttpAnswer(resp.status, resp.getheader("Content-Type") or "",
                               data.decode("utf-8", "replace"))
         raise OSError(f"{url}: no answer")  # pragma: no cover (the loop returns or raises)
 
     def close(self) -> None:
-        """Close the kept connections."""
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        """Close every connection opened (by any thread)."""
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
 
 
 # --------------------------------------------------------------------------- submitting
@@ -248,50 +268,71 @@ def submit_pending(
     engine: Engine,
     witnesses: Sequence[WitnessEndpoint],
     transport: Transport,
+    *,
+    concurrency: int = 8,
 ) -> SubmitRun:
     """Submit every log's latest checkpoint that a witness has not cosigned yet, and store
-    the cosignatures. A witness that cannot be reached is skipped for the rest of the run
-    (listed in ``down``); a refusal is listed in ``refused``. Never raises for a witness's
-    fault; commits its own short transactions."""
+    the cosignatures. Up to ``concurrency`` requests are in flight at once (the witnesses
+    and the logs are independent; a witness keeps each log's check-and-update atomic).
+    A witness that cannot be reached is skipped for the rest of the run (listed in
+    ``down``); a refusal is listed in ``refused``. Never raises for a witness's fault;
+    commits its own short transactions."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency: must be at least 1, got {concurrency}")
     run = SubmitRun()
-    for witness in witnesses:
-        with Session(engine) as s, s.begin():
-            pending = _pending(s, witness)
-            last_ok = _last_ok(s, witness)
-        got: list[tuple[_Pending, str, int]] = []
-        for p in pending:
-            run.pending += 1
+    last_ok: dict[str, datetime | None] = {}
+    queues: list[list[tuple[WitnessEndpoint, _Pending]]] = []
+    with Session(engine) as s, s.begin():
+        for witness in witnesses:
+            queues.append([(witness, p) for p in _pending(s, witness)])
+            last_ok[witness.name] = _last_ok(s, witness)
+    # Interleaved, so every witness is asked from the start of the run.
+    work = [item for items in zip_longest(*queues) for item in items if item is not None]
+    run.pending = len(work)
+    lock = threading.Lock()
+    got: list[tuple[WitnessEndpoint, _Pending, str, int]] = []
+
+    def one(witness: WitnessEndpoint, p: _Pending) -> None:
+        if witness.name in run.down:
+            return
+        refused: list[Refusal] = []
+        try:
+            answer: HttpAnswer | None = _add(transport, witness, p)
+            if (answer is not None and answer.status == 409
+                    and answer.content_type.startswith(cosign.SIZE_MEDIA_TYPE)):
+                answer = _resubmit(engine, transport, witness, p, answer, refused)
+        except OSError as exc:
+            with lock:
+                run.down.setdefault(witness.name, (str(exc), last_ok[witness.name]))
+            return
+        result: tuple[str, int] | None = None
+        if answer is not None and answer.status != 200:
+            refused.append(Refusal(witness.name, p.log_id, p.tree_size, answer.status,
+                                   answer.body.strip()[:500]))
+        elif answer is not None:
             try:
-                answer: HttpAnswer | None = _add(transport, witness, p)
-                if (answer is not None and answer.status == 409
-                        and answer.content_type.startswith(cosign.SIZE_MEDIA_TYPE)):
-                    answer = _resubmit(engine, transport, witness, p, answer, run)
-            except OSError as exc:
-                run.down[witness.name] = (str(exc), last_ok)
-                break
-            if answer is None:
-                continue  # refused, listed by _resubmit
-            if answer.status != 200:
-                run.refused.append(Refusal(witness.name, p.log_id, p.tree_size, answer.status,
-                                           answer.body.strip()[:500]))
-                continue
-            try:
-                line, ts = _cosignature(witness, p.note, answer.body)
+                result = _cosignature(witness, p.note, answer.body)
             except NoteError as exc:
-                run.refused.append(Refusal(witness.name, p.log_id, p.tree_size, 200, str(exc)))
-                continue
-            got.append((p, line, ts))
-        if got:
-            with Session(engine) as s, s.begin():
-                for p, line, ts in got:
-                    s.execute(
-                        insert(CheckpointCosignature)
-                        .values(log_id=p.log_id, tree_size=p.tree_size,
-                                witness=witness.key.to_text(), line=line,
-                                cosigned_at=datetime.fromtimestamp(ts, UTC))
-                        .on_conflict_do_nothing()
-                    )
-                    run.cosigned.append((witness.name, p.log_id, p.tree_size))
+                refused.append(Refusal(witness.name, p.log_id, p.tree_size, 200, str(exc)))
+        with lock:
+            run.refused.extend(refused)
+            if result is not None:
+                got.append((witness, p, *result))
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for f in [pool.submit(one, w, p) for w, p in work]:
+            f.result()
+    if got:
+        with Session(engine) as s, s.begin():
+            for witness, p, line, ts in sorted(got, key=lambda g: (g[0].name, g[1].log_id)):
+                s.execute(
+                    insert(CheckpointCosignature)
+                    .values(log_id=p.log_id, tree_size=p.tree_size,
+                            witness=witness.key.to_text(), line=line,
+                            cosigned_at=datetime.fromtimestamp(ts, UTC))
+                    .on_conflict_do_nothing()
+                )
+                run.cosigned.append((witness.name, p.log_id, p.tree_size))
     return run
 
 
@@ -302,18 +343,18 @@ def _add(transport: Transport, witness: WitnessEndpoint, p: _Pending) -> HttpAns
 
 def _resubmit(
     engine: Engine, transport: Transport, witness: WitnessEndpoint, p: _Pending,
-    answer: HttpAnswer, run: SubmitRun,
+    answer: HttpAnswer, refused: list[Refusal],
 ) -> HttpAnswer | None:
     """The witness knows another size than our record (a cosignature we did not store, or
     a database that lost entries): submit again from its size, if it is not beyond ours."""
     text = answer.body.strip()
     if not text.isdigit():
-        run.refused.append(Refusal(witness.name, p.log_id, p.tree_size, 409,
-                                   f"409 with a malformed size {text[:40]!r}"))
+        refused.append(Refusal(witness.name, p.log_id, p.tree_size, 409,
+                               f"409 with a malformed size {text[:40]!r}"))
         return None
     theirs = int(text)
     if theirs > p.tree_size:
-        run.refused.append(Refusal(
+        refused.append(Refusal(
             witness.name, p.log_id, p.tree_size, 409,
             f"the witness cosigned size {theirs}, beyond this database's head {p.tree_size}: "
             "entries are missing here — run `yoco ledger verify`"))
