@@ -111,6 +111,21 @@ def test_two_witnesses_cosign_a_growing_log_and_checkpoints_carry_them(
     assert code == 0, out
     assert "witnesses: 2 cosigned head(s) of 2 witness(es) compared" in out
 
+    # The customer's side: yoco-verify requires the cosignatures of the witnesses it trusts.
+    from yoco_verify.cli import run as verify
+
+    from ledger.cosign import Cosigner
+    from ledger.export import export_to_dir
+
+    with unit_of_work(app_ctx.engine) as s:
+        export_to_dir(s, "C-1", tmp_path / "export")
+    base = [str(tmp_path / "export"), "-k", app_ctx.signer.verifier_text(), "-q"]
+    trusted = [a for w in ws for a in ("--witness-key", w.vkey)]
+    assert verify([*base, *trusted]) == 0
+    stranger = Cosigner.generate("witness.stranger.example/w").key.to_text()
+    assert verify([*base, *trusted, "--witness-key", stranger]) == 1  # all three: not met
+    assert verify([*base, *trusted, "--witness-key", stranger, "--quorum", "2"]) == 0
+
 
 def _truncate(owner_engine: Engine, log_id: str, size: int) -> None:
     """What the issue's DBA did with superuser rights: remove the log's entries from

@@ -366,3 +366,35 @@ def run(argv: Sequence[str]) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def require_cosignatures(signed: str, keys: Sequence[str], quorum: int | None) -> list[str]:
+    """Check that checkpoint note ``signed`` carries valid cosignatures of at least
+    ``quorum`` (default: all) of the witness ``keys`` (key texts or files holding one);
+    return the names of the witnesses that cosigned. Raises ``VerifyError`` naming the
+    missing ones when the policy is not met, and ``ValueError`` on a bad key or quorum."""
+    from ledger.cosign import CosignerKey, cosignatures
+    from yoco_verify import VerifyError
+
+    parsed = []
+    for k in keys:
+        text = k
+        if "+" not in k or os.path.exists(k):
+            try:
+                text = Path(k).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"--witness-key: cannot read {k}: {exc}") from None
+        try:
+            parsed.append(CosignerKey.from_text(text))
+        except NoteError as exc:
+            raise ValueError(f"--witness-key {k}: {exc}") from None
+    need = len(parsed) if quorum is None else quorum
+    if not 0 <= need <= len(parsed):
+        raise ValueError(f"--quorum: {need} is not within 0..{len(parsed)} witness keys")
+    found = cosignatures(signed, parsed)
+    names = [p.name for p in parsed if p.to_text() in found]
+    if len(names) < need:
+        missing = ", ".join(p.name for p in parsed if p.to_text() not in found)
+        raise VerifyError(f"checkpoint: cosigned by {len(names)} of the witnesses you trust, "
+                          f"the policy needs {need} (missing: {missing})")
+    return names
