@@ -99,3 +99,32 @@ def test_interval_words() -> None:
     assert describe_interval(90) == "90 seconds"
     with pytest.raises(ValueError, match="interval"):
         describe_interval(0)
+
+
+def test_checkpoints_are_served_with_their_stored_cosignatures(
+    seed: Callable[..., None], app_ctx: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    from ledger import cosign, note
+    from ledger.models import CheckpointCosignature
+    from ledger.services import checkpoints_of
+    from ledger.witnessing import cosigned_note, cosigned_notes, quorum_met
+
+    seed([fx.contract("C-1")], [fx.job_started()])
+    _append(app_ctx, "C-1", 2)
+    CheckpointScheduler(app_ctx, 300, clock=FakeClock()).tick()
+    w = cosign.Cosigner.generate("witness.example/w")
+    with unit_of_work(app_ctx.engine) as s:
+        first, second = checkpoints_of(s, "C-1")
+        line = w.cosign(note.unverified_text(second.note), 1_800_000_000)
+        s.add(CheckpointCosignature(log_id="C-1", tree_size=second.tree_size,
+                                    witness=w.key.to_text(), line=line,
+                                    cosigned_at=datetime.fromtimestamp(1_800_000_000, UTC)))
+    with unit_of_work(app_ctx.engine) as s:
+        first, second = checkpoints_of(s, "C-1")
+        plain, cosigned = cosigned_notes(s, [first, second])
+        assert plain == first.note  # nothing stored for it: the operator's note as it is
+        assert cosigned == second.note + line == cosigned_note(s, second)
+    assert quorum_met(cosigned, [w.key], 1) and not quorum_met(plain, [w.key], 1)
+    assert note.open_checkpoint(cosigned, app_ctx.verifier).size == second.tree_size
