@@ -102,7 +102,8 @@ class CloseDueScheduler:
 
 def submit_and_alert(ctx: App) -> SubmitRun:
     """Submit every head a configured witness has not cosigned yet, store the
-    cosignatures, and raise an alert for each witness down or refusing (committed)."""
+    cosignatures, raise an alert for each witness down or refusing, and publish each
+    contract head that reached the quorum (``checkpoint_cosigned``, opt-in); committed."""
     from alerts.witnesses import raise_witness_alerts
     from ledger.witnessing import HttpTransport, submit_pending
     from yoco.database import unit_of_work
@@ -112,9 +113,10 @@ def submit_and_alert(ctx: App) -> SubmitRun:
         run = submit_pending(ctx.engine, ctx.witnesses, transport)
     finally:
         transport.close()
-    if run.down or run.refused:
+    if run.down or run.refused or run.cosigned:
         with unit_of_work(ctx.engine) as s:
-            raise_witness_alerts(s, run)
+            raise_witness_alerts(s, run, witnesses=ctx.witnesses, quorum=ctx.witness_quorum)
+    if run.down or run.refused:
         log.warning("%s", run.summary())
     return run
 

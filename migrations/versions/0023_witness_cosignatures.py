@@ -6,9 +6,11 @@ ledger serves a checkpoint's note with them as extra signature lines. Append-onl
 cosignature is evidence, never edited), readable by the application role and, scoped to
 the caller's contracts like ``checkpoints``, by the portal.
 
-The alert kinds ``witness_down`` (a witness could not be reached: cosigning is delayed)
-and ``witness_refused`` (a witness refused to cosign a checkpoint) are added to the
-check constraints of ``alert_events.kind`` and ``alert_destinations.event_kinds``.
+The alert kinds ``witness_down`` (a witness could not be reached: cosigning is delayed),
+``witness_refused`` (a witness refused to cosign a checkpoint) and
+``checkpoint_cosigned`` (a head reached the witness quorum: published to the customers
+who ask for it) are added to the check constraints of ``alert_events.kind`` and
+``alert_destinations.event_kinds``.
 
 Revision ID: 0023
 Revises: 0022 (0020 on this branch until 0021 and 0022 are merged)
@@ -39,7 +41,7 @@ OLD_KINDS = (
     "year_at_risk", "year_below", "year_missed", "credit_issued", "checkpoint_stale",
     "record_refused", "test",
 )
-NEW_KINDS = (*OLD_KINDS, "witness_down", "witness_refused")
+NEW_KINDS = (*OLD_KINDS, "witness_down", "witness_refused", "checkpoint_cosigned")
 
 
 def _kinds(kinds: tuple[str, ...]) -> str:

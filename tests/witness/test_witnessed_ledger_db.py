@@ -82,7 +82,14 @@ def test_two_witnesses_cosign_a_growing_log_and_checkpoints_carry_them(
     seed: Callable[..., None], app_ctx: Any, witnesses: list[WitnessProcess],
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from alerts.models import AlertDelivery, AlertDestination
+    from alerts.services import add_webhook
+
     seed([fx.contract("C-1")], [fx.job_started()])
+    with unit_of_work(app_ctx.engine) as s:  # the customer asks for the cosigned heads
+        add_webhook(s, name="acme-heads", url="http://127.0.0.1:9/heads", customer="cust-C-1",
+                    events=["checkpoint_cosigned"], allow_unsafe_address=True)
+        add_webhook(s, name="on-call", url="http://127.0.0.1:9/all", allow_unsafe_address=True)
     ws = _two(witnesses, tmp_path, app_ctx)
     _configure(app_ctx, monkeypatch, ws)
     first = submit_and_alert(app_ctx)
@@ -110,6 +117,18 @@ def test_two_witnesses_cosign_a_growing_log_and_checkpoints_carry_them(
     code, out = _cli("ledger", "verify")
     assert code == 0, out
     assert "witnesses: 2 cosigned head(s) of 2 witness(es) compared" in out
+
+    # Every head that reached the quorum went out to the customer's webhook only (opt-in).
+    with unit_of_work(app_ctx.engine) as s:
+        published = s.execute(
+            select(AlertEvent.key, AlertDestination.name, AlertEvent.data)
+            .join(AlertDelivery, AlertDelivery.event_id == AlertEvent.id)
+            .join(AlertDestination, AlertDestination.id == AlertDelivery.destination_id)
+            .where(AlertEvent.kind == "checkpoint_cosigned").order_by(AlertEvent.id)
+        ).all()
+    assert [(k, d) for k, d, _ in published] == [
+        (f"checkpoint_cosigned:C-1:{n}", "acme-heads") for n in (2, 7, 12, 17)]
+    assert quorum_met(published[-1][2]["note"], keys, 2)
 
     # The customer's side: yoco-verify requires the cosignatures of the witnesses it trusts.
     from yoco_verify.cli import run as verify
