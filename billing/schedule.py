@@ -33,6 +33,7 @@ from ledger.contracts import get_contract
 from ledger.note import Signer
 
 __all__ = [
+    "CHECKPOINT_LOCK",
     "CLOSE_DUE_EVERY",
     "CLOSE_DUE_LOCK",
     "CheckpointRun",
@@ -103,21 +104,36 @@ def close_due_run(
     return DueRun(ran=True, now=now, results=results)
 
 
+#: Key of the advisory lock a scheduled checkpoint run holds for its transaction
+#: ("yocockpt"). Its own, not :data:`CLOSE_DUE_LOCK`: a close-due run that found it held
+#: would be skipped for a whole :data:`CLOSE_DUE_EVERY`. Signing next to a close (which
+#: signs the logs it closes) is safe without it: both lock the log's row first
+#: (:func:`ledger.checkpoints.sign_log`), and the second finds the head signed.
+CHECKPOINT_LOCK = 0x796F636F636B7074
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointRun:
-    """One scheduled checkpoint run: the heads it signed (logs that had grown)."""
+    """One scheduled checkpoint run: ``ran`` is False when another run held the lock
+    (it is signing every grown log itself); ``heads``: the heads this run signed."""
 
+    ran: bool = True
     heads: list[SignedHead] = field(default_factory=list)
 
 
-def checkpoint_run(session: Session, *, signer: Signer, origin_prefix: str) -> CheckpointRun:
-    """Sign every log with new entries (:func:`ledger.checkpoints.sign_grown`) under the
-    scheduler's lock (:data:`CLOSE_DUE_LOCK`, waited for: a close-due run signs the logs it
-    closes, and the checkpoint interval is a promise, so this run is never skipped).
+def checkpoint_run(
+    session: Session, *, signer: Signer, origin_prefix: str, wait: bool = False
+) -> CheckpointRun:
+    """Sign every log with new entries (:func:`ledger.checkpoints.sign_grown`) unless
+    another checkpoint run is at it (:data:`CHECKPOINT_LOCK`; ``wait``: wait for it, then
+    sign what is left).
 
     Never commits: the caller's unit of work does, which releases the lock.
     """
-    session.execute(select(func.pg_advisory_xact_lock(CLOSE_DUE_LOCK)))
+    if wait:
+        session.execute(select(func.pg_advisory_xact_lock(CHECKPOINT_LOCK)))
+    elif not session.execute(select(func.pg_try_advisory_xact_lock(CHECKPOINT_LOCK))).scalar_one():
+        return CheckpointRun(ran=False)
     return CheckpointRun(heads=sign_grown(session, signer, origin_prefix))
 
 

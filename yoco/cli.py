@@ -523,14 +523,15 @@ def ledger_checkpoint() -> None:
 
     This is the scheduled checkpoint run (what 'yoco serve' does every
     YOCO_LEDGER_CHECKPOINT_EVERY_S seconds, and the deploy/ timers run where no
-    'yoco serve' does); it waits for the scheduler's lock, so it is safe next to them.
+    'yoco serve' does); it waits for a checkpoint run in progress, so it is safe next to
+    them.
     With YOCO_WITNESSES set, every head a witness has not cosigned is then submitted.
     """
     from billing.schedule import checkpoint_run
 
     with application() as ctx:
         run = _unit(ctx, lambda s: checkpoint_run(
-            s, signer=ctx.signer, origin_prefix=ctx.settings.log_origin))
+            s, signer=ctx.signer, origin_prefix=ctx.settings.log_origin, wait=True))
         for h in run.heads:
             out.print(f"signed: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}",
                       highlight=False)

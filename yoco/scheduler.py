@@ -10,7 +10,7 @@ deliver). Runs from several places at once are safe (see :mod:`billing.schedule`
 
 It also starts one :class:`CheckpointScheduler` (a second daemon thread) that signs every
 log with new entries every ``checkpoint_every_s`` seconds
-(:func:`billing.schedule.checkpoint_run`, under the close-due run's lock), so an entry has
+(:func:`billing.schedule.checkpoint_run`, under its own lock), so an entry has
 an inclusion proof within that interval; the deploy/ timers run ``yoco ledger checkpoint``
 on the same period where no ``yoco serve`` runs.
 """
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from yoco.alerting import AlertsRun
 
 log = logging.getLogger("yoco.scheduler")
+
+#: After a checkpoint run that found another one at work, the next try comes this soon.
+RETRY_S = 5.0
 
 
 class CloseDueScheduler:
@@ -176,7 +179,10 @@ class CheckpointScheduler:
             return None
         started = self.clock()
         self.next_at = started + self.every
-        return self.run_once()
+        run = self.run_once()
+        if not run.ran:  # another run was signing: look again soon, not a whole interval on
+            self.next_at = started + min(self.every, RETRY_S)
+        return run
 
     def _wait_s(self) -> float:
         if self.next_at is None:

@@ -128,3 +128,31 @@ def test_checkpoints_are_served_with_their_stored_cosignatures(
         assert cosigned == second.note + line == cosigned_note(s, second)
     assert quorum_met(cosigned, [w.key], 1) and not quorum_met(plain, [w.key], 1)
     assert note.open_checkpoint(cosigned, app_ctx.verifier).size == second.tree_size
+
+
+def test_a_run_that_finds_another_at_work_looks_again_soon(
+    seed: Callable[..., None], app_ctx: Any
+) -> None:
+    from sqlalchemy.orm import Session
+
+    from billing.schedule import CHECKPOINT_LOCK, CLOSE_DUE_LOCK
+    from yoco.scheduler import RETRY_S
+
+    seed([fx.contract("C-1")], [fx.job_started()], sign=False)
+    clock = FakeClock()
+    sched = CheckpointScheduler(app_ctx, 300, clock=clock)
+    with Session(app_ctx.engine) as other, other.begin():  # another checkpoint run
+        other.execute(select(func.pg_advisory_xact_lock(CHECKPOINT_LOCK)))
+        run = sched.tick()
+        assert run is not None and not run.ran and run.heads == []
+    assert "C-1" not in _signed(app_ctx)
+    clock.now += RETRY_S  # not a whole interval later
+    run = sched.tick()
+    assert run is not None and run.ran and [h.log_id for h in run.heads] == ["C-1"]
+    # A close-due run in progress does not hold checkpoints back (nor they it).
+    _append(app_ctx, "C-1")
+    clock.now += 300
+    with Session(app_ctx.engine) as other, other.begin():
+        other.execute(select(func.pg_advisory_xact_lock(CLOSE_DUE_LOCK)))
+        run = sched.tick()
+        assert run is not None and [h.tree_size for h in run.heads] == [3]
