@@ -199,12 +199,15 @@ class SubmitRun:
     down: dict[str, tuple[str, datetime | None]] = field(default_factory=dict)
     refused: list[Refusal] = field(default_factory=list)
     pending: int = 0
+    #: Submissions answered 404: the witness does not watch that log (a customer's
+    #: witness configured with its own contracts' origins only). Not a refusal.
+    not_watched: int = 0
 
     def summary(self) -> str:
         """One line for the operator's log."""
         return (f"witnesses: {len(self.cosigned)} cosignature(s) stored, {self.pending} "
                 f"submission(s), {len(self.down)} witness(es) down, "
-                f"{len(self.refused)} refusal(s)")
+                f"{len(self.refused)} refusal(s), {self.not_watched} not watched")
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +310,10 @@ def submit_pending(
                 run.down.setdefault(witness.name, (str(exc), last_ok[witness.name]))
             return
         result: tuple[str, int] | None = None
+        if answer is not None and answer.status == 404:
+            with lock:
+                run.not_watched += 1
+            return
         if answer is not None and answer.status != 200:
             refused.append(Refusal(witness.name, p.log_id, p.tree_size, answer.status,
                                    answer.body.strip()[:500]))

@@ -237,3 +237,20 @@ def test_a_witness_down_delays_cosigning_raises_an_alert_and_stops_nothing(
     clock.now += 300
     assert sched.tick() is not None
     assert (down.name, 6) in _cosigned_sizes(app_ctx)
+
+
+def test_a_customer_witness_of_its_own_logs_is_not_an_alert_for_the_others(
+    seed: Callable[..., None], app_ctx: Any, witnesses: list[WitnessProcess],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seed([fx.contract("C-1"), fx.contract("C-2")],
+         [fx.job_started(), fx.rec("job_started", "C-2", job_id="j1", gpus=8)])
+    mine = start_witness(witnesses, tmp_path, "witness.customer.example/w", [
+        f"{app_ctx.settings.log_origin}/C-1={app_ctx.signer.verifier_text()}"])
+    _configure(app_ctx, monkeypatch, [mine])
+    run = submit_and_alert(app_ctx)
+    assert run.cosigned == [(mine.name, "C-1", 2)]
+    assert run.not_watched == 1 and run.refused == [] and run.down == {}
+    with unit_of_work(app_ctx.engine) as s:
+        kinds = s.execute(select(AlertEvent.kind)).scalars().all()
+    assert "witness_refused" not in kinds
