@@ -156,3 +156,40 @@ def test_a_run_that_finds_another_at_work_looks_again_soon(
         other.execute(select(func.pg_advisory_xact_lock(CLOSE_DUE_LOCK)))
         run = sched.tick()
         assert run is not None and [h.tree_size for h in run.heads] == [3]
+
+
+@pytest.mark.slow
+def test_yoco_serve_signs_new_entries_in_the_background(
+    seed: Callable[..., None], app_ctx: Any, yoco_env: dict[str, str]
+) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    seed([fx.contract("C-1")], [fx.job_started()], sign=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "yoco.cli", "serve", "--port", str(port),
+         "--close-due-every", "0"],
+        env={**os.environ, **yoco_env, "YOCO_LEDGER_CHECKPOINT_EVERY_S": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120  # a bound on waiting, not a figure
+        while time.monotonic() < deadline and _signed(app_ctx).get("C-1") != [2]:
+            assert serve.poll() is None, serve.communicate()
+            time.sleep(0.3)
+        assert _signed(app_ctx)["C-1"] == [2]
+        _append(app_ctx, "C-1", 2)  # appended while it runs: signed by a later run
+        while time.monotonic() < deadline and _signed(app_ctx)["C-1"] != [2, 4]:
+            time.sleep(0.3)
+        assert _signed(app_ctx)["C-1"] == [2, 4]
+    finally:
+        serve.terminate()
+        _, stderr = serve.communicate(timeout=60)
+    assert serve.returncode == 0, stderr
+    assert "signing a checkpoint of every log with new entries every 1 second" in stderr
