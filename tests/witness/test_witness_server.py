@@ -170,3 +170,25 @@ def test_cosignature_keys_and_request_bodies_round_trip(tmp_path: Path) -> None:
         parse_add_checkpoint(b"old 2\nnot-base64!\n\n" + cp.encode())
     with pytest.raises(ValueError, match="old_size"):
         add_checkpoint_body(-1, [], cp)
+
+
+def test_bad_options_are_refused_naming_them(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             log_signer: note.Signer) -> None:
+    from yoco_verify.cli import run
+
+    key = tmp_path / "w.key"
+    assert run(["witness", "keygen", "w.example/w", "--key", str(key)]) == 0
+    assert CosignerKey.from_text(capsys.readouterr().out.strip()).name == "w.example/w"
+    assert run(["witness", "keygen", "w.example/w", "--key", str(key)]) == 2  # no overwrite
+    base = ["witness", "serve", "--state", str(tmp_path / "s"), "--key", str(key)]
+    assert run([*base, "--log", "no-equals-sign"]) == 2
+    assert "ORIGIN=VKEY" in capsys.readouterr().err
+    assert run([*base, "--log", "o.example=not+a+key"]) == 2
+    assert "bad verifier key" in capsys.readouterr().err
+    assert run([*base, "--log", f"o.example={log_signer.verifier_text()}",
+                "--listen", "nowhere"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+    assert run(["witness", "serve", "--state", str(tmp_path / "s"), "--key",
+                str(tmp_path / "missing.key"), "--log",
+                f"o.example={log_signer.verifier_text()}"]) == 2
+    assert "cannot read" in capsys.readouterr().err
