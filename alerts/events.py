@@ -20,7 +20,7 @@ from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from alerts.models import EVENT_KINDS, AlertEvent
+from alerts.models import EVENT_KINDS, OPT_IN_KINDS, AlertEvent
 from ledger.models import Contract
 
 __all__ = ["NAMESPACE", "NewEvent", "idempotency_key", "one_line", "raise_event"]
@@ -83,7 +83,8 @@ def raise_event(session: Session, event: NewEvent, *, deliver: bool = True) -> i
     ``deliver=False`` stores the event without deliveries (in the log, never sent: a
     refusal held back by the flood limit, :func:`alerts.refusals.raise_refusal`).
 
-    A destination matches when its ``event_kinds`` is empty or names the kind, and its
+    A destination matches when its ``event_kinds`` names the kind, or is empty and the
+    kind is not opt-in (:data:`~alerts.models.OPT_IN_KINDS`), and its
     ``customer`` is NULL (the operator's) or the event's contract's customer: a tenant's
     destination never receives another tenant's events nor events of no tenant.
     Never commits.
@@ -117,11 +118,13 @@ def raise_event(session: Session, event: NewEvent, *, deliver: bool = True) -> i
         text(
             "INSERT INTO alert_deliveries (event_id, destination_id) "
             "SELECT :eid, d.id FROM alert_destinations d WHERE d.enabled "
-            "AND (cardinality(d.event_kinds) = 0 OR :kind = ANY(d.event_kinds)) "
+            "AND ((cardinality(d.event_kinds) = 0 AND NOT :opt_in) "
+            "OR :kind = ANY(d.event_kinds)) "
             "AND (d.customer IS NULL OR d.customer = :customer) "
             "ORDER BY d.id ON CONFLICT DO NOTHING"
         ),
-        {"eid": event_id, "kind": event.kind, "customer": customer},
+        {"eid": event_id, "kind": event.kind, "customer": customer,
+         "opt_in": event.kind in OPT_IN_KINDS},
     )
     return int(event_id)
 

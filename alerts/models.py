@@ -37,8 +37,15 @@ EVENT_KINDS = (
     "credit_issued",
     "checkpoint_stale",
     "record_refused",
+    "witness_down",
+    "witness_refused",
+    "checkpoint_cosigned",
     "test",
 )
+#: Kinds sent only to destinations that name them (``--events``): a destination of every
+#: kind does not get them (a cosigned head of every log every few minutes is for a
+#: customer who wants to hold the heads, not for the on-call operator).
+OPT_IN_KINDS = ("checkpoint_cosigned",)
 DESTINATION_KINDS = ("webhook", "email")
 DELIVERY_STATES = ("pending", "delivered", "failed")
 #: Where a replay was asked for: ``yoco alerts replay`` or the portal's operator page.

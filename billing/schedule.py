@@ -28,14 +28,19 @@ from sqlalchemy.orm import Session
 from billing.closing import CloseResult, close_due
 from billing.models import BillingYear
 from billing.years import contract_year_bounds, require_aware
+from ledger.checkpoints import SignedHead, sign_grown
 from ledger.contracts import get_contract
+from ledger.errors import CheckpointRefused
 from ledger.note import Signer
 
 __all__ = [
+    "CHECKPOINT_LOCK",
     "CLOSE_DUE_EVERY",
     "CLOSE_DUE_LOCK",
+    "CheckpointRun",
     "DueRun",
     "YearPhase",
+    "checkpoint_run",
     "close_due_run",
     "year_phase",
 ]
@@ -98,6 +103,43 @@ def close_due_run(
         include_pending=include_pending,
     )
     return DueRun(ran=True, now=now, results=results)
+
+
+#: Key of the advisory lock a scheduled checkpoint run holds for its transaction
+#: ("yocockpt"). Its own, not :data:`CLOSE_DUE_LOCK`: a close-due run that found it held
+#: would be skipped for a whole :data:`CLOSE_DUE_EVERY`. Signing next to a close (which
+#: signs the logs it closes) is safe without it: both lock the log's row first
+#: (:func:`ledger.checkpoints.sign_log`), and the second finds the head signed.
+CHECKPOINT_LOCK = 0x796F636F636B7074
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRun:
+    """One scheduled checkpoint run: ``ran`` is False when another run held the lock
+    (it is signing every grown log itself); ``heads``: the heads this run signed."""
+
+    ran: bool = True
+    heads: list[SignedHead] = field(default_factory=list)
+    #: logs that could not be signed, each with the named error that says why (the others
+    #: are signed all the same)
+    refused: list[CheckpointRefused] = field(default_factory=list)
+
+
+def checkpoint_run(
+    session: Session, *, signer: Signer, origin_prefix: str, wait: bool = False
+) -> CheckpointRun:
+    """Sign every log with new entries (:func:`ledger.checkpoints.sign_grown`) unless
+    another checkpoint run is at it (:data:`CHECKPOINT_LOCK`; ``wait``: wait for it, then
+    sign what is left).
+
+    Never commits: the caller's unit of work does, which releases the lock.
+    """
+    if wait:
+        session.execute(select(func.pg_advisory_xact_lock(CHECKPOINT_LOCK)))
+    elif not session.execute(select(func.pg_try_advisory_xact_lock(CHECKPOINT_LOCK))).scalar_one():
+        return CheckpointRun(ran=False)
+    signed = sign_grown(session, signer, origin_prefix)
+    return CheckpointRun(heads=signed.heads, refused=signed.refused)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

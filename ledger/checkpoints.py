@@ -8,7 +8,7 @@ a consistency proof between the two must verify.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -16,6 +16,24 @@ from sqlalchemy.orm import Session
 from ledger import merkle, note, tree
 from ledger.errors import CheckpointRefused, LedgerError, LogInconsistent, MissingNodeError
 from ledger.models import Checkpoint, JournalEntry, LedgerLog
+
+#: How often a log with new entries gets a signed checkpoint by default (``yoco serve``'s
+#: scheduler and the deploy/ timers; setting ``YOCO_LEDGER_CHECKPOINT_EVERY_S``). An entry
+#: is under a signed checkpoint, and so has an inclusion proof, at most this long (plus
+#: one run's duration) after it is appended.
+CHECKPOINT_EVERY = timedelta(minutes=5)
+
+
+def describe_interval(seconds: float) -> str:
+    """Words for a checkpoint interval: ``"5 minutes"``, ``"1 hour"``, ``"90 seconds"``."""
+    if not seconds > 0:
+        raise ValueError(f"interval: must be positive, got {seconds!r}")
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    amount: float = int(seconds) if float(seconds).is_integer() else seconds
+    return f"{amount:g} second{'s' if amount != 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +154,12 @@ def sign_every_log(session: Session, signer: note.Signer, origin_prefix: str) ->
     log_ids = list(session.execute(
         select(LedgerLog.log_id).where(LedgerLog.size > 0).order_by(LedgerLog.log_id)
     ).scalars())
+    return _sign_each(session, signer, log_ids, origin_prefix)
+
+
+def _sign_each(
+    session: Session, signer: note.Signer, log_ids: list[str], origin_prefix: str
+) -> SignRun:
     heads: list[SignedHead] = []
     refused: list[CheckpointRefused] = []
     for log_id in log_ids:
@@ -162,3 +186,22 @@ def sign_all(session: Session, signer: note.Signer, origin_prefix: str) -> list[
     if run.refused:
         raise CheckpointRefused("; ".join(str(e) for e in run.refused))
     return run.heads
+
+
+def sign_grown(session: Session, signer: note.Signer, origin_prefix: str) -> SignRun:
+    """Sign a new head for every log with entries beyond its last checkpoint, each log on
+    its own as :func:`sign_every_log` does; ``heads`` holds only the heads signed now (a
+    log that did not grow is left as it is, no row written). Never commits."""
+    newest = (
+        select(Checkpoint.log_id, func.max(Checkpoint.tree_size).label("size"))
+        .group_by(Checkpoint.log_id)
+        .subquery()
+    )
+    log_ids = list(session.execute(
+        select(LedgerLog.log_id)
+        .outerjoin(newest, newest.c.log_id == LedgerLog.log_id)
+        .where(LedgerLog.size > func.coalesce(newest.c.size, 0))
+        .order_by(LedgerLog.log_id)
+    ).scalars())
+    run = _sign_each(session, signer, log_ids, origin_prefix)
+    return SignRun([h for h in run.heads if h.created], run.refused)

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from ledger import checkpoints, merkle, tiles
 from ledger.errors import LedgerError, UnknownContract, VerificationFailed
 from ledger.models import Checkpoint, JournalEntry, LedgerLog
+from ledger.witnessing import cosigned_note
 
 __all__ = [
     "ExportInfo",
@@ -110,7 +111,7 @@ def export_files(
     for t in tiles.tiles_for_size(size):
         if t.level >= 0:
             yield t.path, tiles.tile_bytes(levels, t)
-    yield "checkpoint", cp.note.encode("utf-8")
+    yield "checkpoint", cosigned_note(session, cp).encode("utf-8")
 
 
 def _info(cp: Checkpoint, files: int) -> ExportInfo:

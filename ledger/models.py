@@ -20,6 +20,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -130,6 +131,33 @@ class Checkpoint(Base):
     )
 
     __table_args__ = (UniqueConstraint("log_id", "tree_size"),)
+
+
+class CheckpointCosignature(Base):
+    """A witness's cosignature (C2SP ``tlog-cosignature``) of one signed checkpoint: the
+    signature line to add to the checkpoint's note, by the witness of key ``witness``."""
+
+    __tablename__ = "checkpoint_cosignatures"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    log_id: Mapped[str] = mapped_column(Text, nullable=False)
+    tree_size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    #: The witness's verifier key text (``<name>+<hex8>+<base64(0x04||key)>``).
+    witness: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The signature line, ending in a newline.
+    line: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The time in the cosignature (the witness's clock).
+    cosigned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    received_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    __table_args__ = (
+        UniqueConstraint("log_id", "tree_size", "witness"),
+        ForeignKeyConstraint(
+            ["log_id", "tree_size"], ["checkpoints.log_id", "checkpoints.tree_size"]
+        ),
+    )
 
 
 # --- projections -----------------------------------------------------------------

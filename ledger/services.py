@@ -12,6 +12,7 @@ from ledger import proofs, tree
 from ledger.checkpoints import covering
 from ledger.errors import LedgerError, UnknownEntry
 from ledger.models import Checkpoint, JournalEntry
+from ledger.witnessing import cosigned_note
 
 
 def _event_uuid(event_id: str) -> uuid.UUID:
@@ -49,7 +50,7 @@ def inclusion_bundle(session: Session, event_id: str) -> dict[str, Any]:
         leaf_index=seq,
         tree_size=cp.tree_size,
         proof=proof,
-        checkpoint=cp.note,
+        checkpoint=cosigned_note(session, cp),
     )
 
 
@@ -79,6 +80,6 @@ def consistency_bundle(session: Session, log_id: str, size1: int, size2: int) ->
         size1=size1,
         size2=size2,
         proof=proof,
-        checkpoint1=heads[size1].note,
-        checkpoint2=heads[size2].note,
+        checkpoint1=cosigned_note(session, heads[size1]),
+        checkpoint2=cosigned_note(session, heads[size2]),
     )

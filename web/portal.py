@@ -55,6 +55,11 @@ class HostSettings(Protocol):
         """The origin line of signed checkpoints (prefix of each log's origin)."""
         ...
 
+    @property
+    def checkpoint_every_s(self) -> int:
+        """Seconds within which every log with new entries gets a signed checkpoint."""
+        ...
+
 
 class HostDatabase(Protocol):
     """The database the portal logs in to."""

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from billing.amendments import InForce, contract_in_force
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
+from ledger.checkpoints import CHECKPOINT_EVERY, describe_interval
 from ledger.contracts import get_contract
 from ledger.errors import LedgerError, UnknownContract, UnknownEntry
 from ledger.models import (
@@ -480,9 +481,18 @@ def failure_summaries(session: Session, event_ids: Sequence[str]) -> dict[str, d
 
 
 def entry_proof(
-    session: Session, principal: Principal, contract_id: str, event_id: str
+    session: Session,
+    principal: Principal,
+    contract_id: str,
+    event_id: str,
+    *,
+    checkpoint_every_s: float = CHECKPOINT_EVERY.total_seconds(),
 ) -> dict[str, Any]:
-    """The inclusion proof bundle of an entry of a contract the caller may see."""
+    """The inclusion proof bundle of an entry of a contract the caller may see.
+
+    An entry not under a signed checkpoint yet is a :class:`Conflict` that says when it
+    will be: within ``checkpoint_every_s``, the deployment's checkpoint interval.
+    """
     from ledger.services import inclusion_bundle
 
     contract_for(session, principal, contract_id)
@@ -498,8 +508,9 @@ def entry_proof(
         raise NotFound() from None
     except LedgerError:
         raise Conflict(
-            "This entry is not covered by a signed checkpoint yet. Proofs become available "
-            "once the operator signs the next checkpoint (usually within the hour)."
+            "This entry is not covered by a signed checkpoint yet. Every log with new "
+            "entries is signed on a schedule: its proof is available within "
+            f"{describe_interval(checkpoint_every_s)} of the entry."
         ) from None
 
 

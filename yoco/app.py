@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from ledger.note import Signer, Verifier
     from ledger.projections import Projector
+    from ledger.witnessing import WitnessEndpoint
     from yoco.database import Database
 
 
@@ -71,6 +72,22 @@ class App:
         from ledger.note import Verifier
 
         return Verifier.from_text(self.signer.verifier_text())
+
+    @cached_property
+    def witnesses(self) -> list[WitnessEndpoint]:
+        """The configured witnesses (``YOCO_WITNESSES``), parsed."""
+        from ledger.witnessing import parse_witnesses
+
+        return parse_witnesses(self.settings.witnesses)
+
+    @property
+    def witness_quorum(self) -> int:
+        """How many witnesses must cosign a checkpoint (default: all configured)."""
+        q = self.settings.witness_quorum
+        n = len(self.witnesses)
+        if q is not None and q > n:
+            raise ValueError(f"YOCO_WITNESS_QUORUM: {q} is more than the {n} witnesses")
+        return n if q is None else q
 
     @property
     def projectors(self) -> list[Projector]:

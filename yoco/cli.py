@@ -486,38 +486,74 @@ def ledger_verify() -> None:
                 )
 
         report = _unit(ctx, run)
+        heads = _check_witnesses(ctx, verifier) if ctx.witnesses else None
     out.print(
         f"ledger verified: {report.logs} logs, {report.entries} entries, "
         f"{report.nodes} Merkle nodes, {report.checkpoints} signed checkpoints, "
         f"{report.projection_tables} projection tables ({report.projection_rows} rows) "
         "— all match"
     )
+    if heads is not None:
+        out.print(f"witnesses: {len(heads)} cosigned head(s) of {len(ctx.witnesses)} "
+                  "witness(es) compared — the database extends every one")
     if verifier is None:
         out.print("(no signer key here: checkpoint signatures were not checked)")
+
+
+def _check_witnesses(ctx: App, verifier: Any) -> list[Any]:
+    """Compare the database with every witness's latest cosigned head of every log
+    (:func:`ledger.witnessing.check_against_witnesses`); exit 1 naming the log and sizes
+    when it is shorter or inconsistent, or when a witness cannot be asked."""
+    from ledger.witnessing import HttpTransport, check_against_witnesses
+
+    transport = HttpTransport(ctx.settings.witness_timeout_s)
+    try:
+        return _unit(ctx, lambda s: check_against_witnesses(
+            s, ctx.witnesses, transport, verifier))
+    except OSError as exc:
+        err.print(f"[bold red]FAILED:[/] could not compare with the witnesses: {exc}",
+                  highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        transport.close()
 
 
 @ledger_app.command("checkpoint")
 def ledger_checkpoint() -> None:
     """Sign and store a new tree head for every log that grew since its last checkpoint.
 
+    This is the scheduled checkpoint run (what 'yoco serve' does every
+    YOCO_LEDGER_CHECKPOINT_EVERY_S seconds, and the deploy/ timers run where no
+    'yoco serve' does); it waits for a checkpoint run in progress, so it is safe next to
+    them.
+    With YOCO_WITNESSES set, every head a witness has not cosigned is then submitted.
     A log whose size, tree or journal disagree is named (with why) and left unsigned;
     every other log is signed all the same, then the command exits 1.
     """
-    from ledger.checkpoints import sign_every_log
+    from billing.schedule import checkpoint_run
 
     with application() as ctx:
-        run = _unit(ctx, lambda s: sign_every_log(s, ctx.signer, ctx.settings.log_origin))
-    for h in run.heads:
-        state = "signed" if h.created else "unchanged"
-        out.print(
-            f"{state}: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}", highlight=False
-        )
-    for exc in run.refused:
-        err.print(f"NOT SIGNED: {exc}", highlight=False, soft_wrap=True)
+        run = _unit(ctx, lambda s: checkpoint_run(
+            s, signer=ctx.signer, origin_prefix=ctx.settings.log_origin, wait=True))
+        for h in run.heads:
+            out.print(f"signed: {h.log_id} size {h.tree_size} root {h.root_hash.hex()}",
+                      highlight=False)
+        for exc in run.refused:
+            err.print(f"NOT SIGNED: {exc}", highlight=False, soft_wrap=True)
+        if not run.heads and not run.refused:
+            out.print("nothing to sign: no log has entries beyond its last checkpoint")
+        if ctx.witnesses:
+            from yoco.scheduler import submit_and_alert
+
+            sub = submit_and_alert(ctx)
+            out.print(sub.summary(), highlight=False)
+            for name, (error, _) in sorted(sub.down.items()):
+                err.print(f"witness {name} down: {error}", highlight=False)
+            for r in sub.refused:
+                err.print(f"witness {r.witness} refused {r.log_id} size {r.tree_size} "
+                          f"(HTTP {r.status}): {r.message}", highlight=False)
     if run.refused:
         raise typer.Exit(1)
-    if not run.heads:
-        out.print("nothing to sign: the ledger is empty")
 
 
 @ledger_app.command("prove")

@@ -43,13 +43,17 @@ def serve(
     """Run the portal and the JSON API (uvicorn), on the embedded database by default.
 
     In the background it closes ended contract years and issues their credits (see
-    --close-due-every). SIGTERM or Ctrl-C stop it gracefully: requests in flight finish,
-    and the embedded PostgreSQL is stopped when no other yoco process uses it.
+    --close-due-every), and signs a checkpoint of every log with new entries every
+    YOCO_LEDGER_CHECKPOINT_EVERY_S seconds (default 300). SIGTERM or Ctrl-C stop it
+    gracefully: requests in flight finish, and the embedded PostgreSQL is stopped when no
+    other yoco process uses it.
 
     Exit status: 0 stopped (SIGTERM, SIGINT), 2 refused options (e.g. the port is in
     use), 1 the server failed.
     """
     import signal
+
+    from ledger.checkpoints import describe_interval
 
     _check_port(host, port)
     with application() as ctx:
@@ -74,6 +78,13 @@ def serve(
             scheduler.start()
             err.print(f"closing ended contract years every {close_due_every:g} min "
                       "(credits issued without a claim)", highlight=False)
+        from yoco.scheduler import CheckpointScheduler
+
+        every_s = ctx.settings.checkpoint_every_s
+        checkpoints = CheckpointScheduler(ctx, every_s)
+        checkpoints.start()
+        err.print(f"signing a checkpoint of every log with new entries every "
+                  f"{describe_interval(every_s)}", highlight=False)
         try:
             _run_uvicorn(ctx, url, workers, options={
                 "host": host,
@@ -84,6 +95,7 @@ def serve(
                 "log_level": "info",
             })
         finally:
+            checkpoints.stop()
             if scheduler is not None:
                 scheduler.stop()
 

@@ -14,6 +14,8 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ledger.checkpoints import CHECKPOINT_EVERY
+
 
 def _default_data_dir() -> Path:
     # The embedded server opens every parent folder of its data dir to other
@@ -37,6 +39,24 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="YOCO_DATA_DIR")
     signing_key_path: Path | None = Field(default=None, validation_alias="YOCO_SIGNING_KEY")
     log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
+    #: Every log with new entries gets a signed checkpoint within this many seconds
+    #: (``yoco serve``'s scheduler, the deploy/ timers); the portal states it to customers
+    #: waiting for a proof. Default :data:`ledger.checkpoints.CHECKPOINT_EVERY`.
+    checkpoint_every_s: int = Field(
+        default=int(CHECKPOINT_EVERY.total_seconds()), gt=0, le=86400,
+        validation_alias="YOCO_LEDGER_CHECKPOINT_EVERY_S",
+    )
+    #: Witnesses (docs/audit.md): comma-separated ``URL VKEY`` pairs; each new checkpoint
+    #: is submitted to them (:mod:`ledger.witnessing`), and ``yoco ledger verify`` compares
+    #: the database with what they cosigned.
+    witnesses: str = Field(default="", validation_alias="YOCO_WITNESSES")
+    #: The global policy: how many of the witnesses must cosign a checkpoint (k of n;
+    #: default: all of them).
+    witness_quorum: int | None = Field(default=None, ge=0, validation_alias="YOCO_WITNESS_QUORUM")
+    #: Each request to a witness gives up after this many seconds (a witness down delays
+    #: cosigning, never ingest).
+    witness_timeout_s: float = Field(default=5.0, gt=0, le=120,
+                                     validation_alias="YOCO_WITNESS_TIMEOUT_S")
     #: Alerts (docs/alerts.md): a log with entries under no signed checkpoint newer than
     #: this many seconds raises ``checkpoint_stale``.
     alerts_checkpoint_max_age_s: int = Field(
@@ -64,6 +84,14 @@ class Settings(BaseSettings):
                 "postgresql+psycopg://user:password@host:5432/dbname"
             )
         return normalize_url(value)
+
+    @field_validator("witnesses")
+    @classmethod
+    def _check_witnesses(cls, value: str) -> str:
+        from ledger.witnessing import parse_witnesses
+
+        parse_witnesses(value)  # ValueError names the entry
+        return value
 
     @property
     def pgdata(self) -> Path:

@@ -101,3 +101,22 @@ def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
     assert res.returncode == 1, res.stdout
     assert "DIFFERS" in res.stdout
     assert "PYTHONPATH" not in clean_env  # the repository is not on the path
+
+    # The witness runs from the same installation (nothing of the server needed).
+    key = tmp_path / "witness.key"
+    res = run(str(env_dir / "bin" / "yoco-verify"), "witness", "keygen", "w.example/w",
+              "--key", str(key))
+    assert res.returncode == 0, res.stderr
+    vkey = res.stdout.strip()
+    assert vkey.startswith("w.example/w+")
+    serve = subprocess.Popen(
+        [str(env_dir / "bin" / "yoco-verify"), "witness", "serve", "--state",
+         str(tmp_path / "wstate"), "--key", str(key), "--listen", "127.0.0.1:0",
+         "--log", f"yoco.example/ledger/*={world['key']}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env, cwd=empty)
+    try:
+        assert serve.stdout is not None
+        assert f"witness {vkey} on http://127.0.0.1:" in serve.stdout.readline()
+    finally:
+        serve.kill()
+        serve.wait(timeout=60)

@@ -48,6 +48,8 @@ def test_proof_of_an_entry_no_checkpoint_covers_explains_itself(client_for, seed
     assert dispute_id, "the new dispute's entry has a proof link"
     proof = alice.get(f"/contracts/C-A/entries/{dispute_id[-1]}/proof")
     assert proof.status_code == 409 and "signed checkpoint" in proof.text
+    # It states the deployment's checkpoint interval (YOCO_LEDGER_CHECKPOINT_EVERY_S).
+    assert "within 5 minutes of the entry" in proof.text
 
 
 def test_disputes_queue_has_no_default_decision_and_shows_the_outcome(client_for) -> None:

@@ -69,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         help="an older signed checkpoint (a checkpoint file or an older export directory): "
         "check the log extends it and list every change since",
     )
+    p.add_argument(
+        "--witness-key", action="append", default=[], metavar="VKEY",
+        help="a witness you trust (its cosignature/v1 key, or a file holding it): the "
+        "log's checkpoint must carry its cosignature; repeatable (docs/audit.md §7)",
+    )
+    p.add_argument("--quorum", type=int, default=None,
+                   help="how many of the --witness-key witnesses must have cosigned "
+                   "(default: all)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
     return p
 
@@ -169,6 +177,11 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the verifier; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["witness"]:  # the witness server (yoco_verify.witness)
+        from yoco_verify.witness import run as run_witness
+
+        return run_witness(argv[1:])
     args = _parser().parse_args(argv)
     out = _Out(args.quiet)
     try:
@@ -181,6 +194,15 @@ def run(argv: Sequence[str] | None = None) -> int:
             f"log {log.origin}: {log.size} entries, every one hashed to the signed root "
             f"{log.root.hex()} (checked in {time.monotonic() - t0:.1f} s)"
         )
+        if args.witness_key:  # the customer's witness policy (yoco_verify.witness)
+            from yoco_verify.witness import require_cosignatures
+
+            try:
+                names = require_cosignatures(log.note, args.witness_key, args.quorum)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            out.ok(f"checkpoint cosigned by {len(names)} witness(es) you trust: "
+                   f"{', '.join(names) or 'none needed'}")
         if any(b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies):
             out.bad("log: it holds entries of another contract")
         for path in args.report:

@@ -10,6 +10,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ledger.witnessing import cosigned_notes
 from web import services
 from web.accounts import Principal
 from web.conditional import (
@@ -88,15 +89,17 @@ def _list_checkpoints(
                 heads = heads[:limit]
                 nxt = portal.cursors.encode("checkpoints", (contract_id,),
                                             [heads[-1].tree_size])
+            # The notes with the witnesses' cosignatures (extra signature lines).
+            notes = cosigned_notes(db, heads)
             body = [
                 CheckpointOut(
                     tree_size=cp.tree_size,
                     root_hash=base64.b64encode(bytes(cp.root_hash)).decode(),
                     origin=cp.origin,
                     signed_at=cp.signed_at,
-                    note=cp.note,
+                    note=text,
                 ).model_dump(mode="json")
-                for cp in heads
+                for cp, text in zip(heads, notes, strict=True)
             ]
         return bytes(JSONResponse(body).body), nxt
 

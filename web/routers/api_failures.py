@@ -245,7 +245,10 @@ def _get_proof(
     def render() -> tuple[int, bytes]:
         with portal.db.read(reader, snapshot=True) as db:
             signed = services.latest_signed(db, contract_id)
-            bundle = services.entry_proof(db, reader, contract_id, event_id)
+            bundle = services.entry_proof(
+                db, reader, contract_id, event_id,
+                checkpoint_every_s=portal.host.settings.checkpoint_every_s,
+            )
         return signed, bytes(JSONResponse(bundle).body)
 
     key = ("api-body", etag)

@@ -134,10 +134,13 @@ def failure_page(
 
 @router.get("/contracts/{contract_id}/entries/{event_id}/proof")
 def entry_proof(
-    contract_id: str, event_id: str, user: UserDep, db: PageDb
+    contract_id: str, event_id: str, user: UserDep, db: PageDb, portal: PortalDep
 ) -> Response:
     """Download the inclusion proof of one ledger entry (``yoco-inclusion-proof/v1``)."""
-    bundle = services.entry_proof(db, user, contract_id, event_id)
+    bundle = services.entry_proof(
+        db, user, contract_id, event_id,
+        checkpoint_every_s=portal.host.settings.checkpoint_every_s,
+    )
     return Response(
         json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
         media_type="application/json",
