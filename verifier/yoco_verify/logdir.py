@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger import merkle, note, tiles
-from ledger.errors import NoteError
 from yoco_verify import VerifyError
+from yoco_verify.shared.ledger import merkle, note, tiles
+from yoco_verify.shared.ledger.errors import NoteError
 
 __all__ = ["VerifiedLog", "load_key", "open_log", "read_checkpoint"]
 

@@ -17,9 +17,9 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from billing import sla
-from ledger.records import ContractSpec, contract_from_record
 from yoco_verify import VerifyError
+from yoco_verify.shared.billing import sla
+from yoco_verify.shared.ledger.records import ContractSpec, contract_from_record
 
 __all__ = [
     "Amendment",

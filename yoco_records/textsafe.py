@@ -1,0 +1,41 @@
+"""Stored text made safe to print on a terminal: the one neutraliser of every CLI output.
+
+Text in the ledger comes from outside (an exclusion or dispute reason, a job id, an
+alert's message): any ingest token can write it.  Printed raw, ``ESC[2J`` clears the
+operator's screen and a forged line can be drawn over the real one; a right-to-left
+override (U+202E) makes ``FAILED`` read backwards or hides what follows it.  Every CLI
+that prints stored text (``yoco-verify``, ``yoco billing dispute list``, alerts, the
+ledger's commands, exports to the terminal) passes it through :func:`safe_text` first.
+
+It lives in ``yoco_records`` (the package both distributions hold: the verifier ships
+a copy as ``yoco_verify.shared.yoco_records.textsafe``, proved equal by
+``tests/audit/test_vendored.py``), so there is one home for the rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["safe_text"]
+
+#: C0 controls (newline and tab included: one field is one line), DEL, C1 controls
+#: (0x9B is a one-byte CSI on some terminals), the bidirectional embeddings, overrides,
+#: isolates and marks, and the line and paragraph separators.
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(value: object) -> str:
+    """``str(value)`` with every control and bidirectional formatting character replaced
+    by its visible escape (``ESC`` → ``\\x1b``, U+202E → ``\\u202e``, a newline →
+    ``\\x0a``).  Every other character, non-ASCII letters included, is kept as is, so
+    plain text prints unchanged; the result never moves the cursor, changes colours or
+    reorders what a terminal shows."""
+    text = value if isinstance(value, str) else str(value)
+    return _UNSAFE.sub(_escape, text)
