@@ -17,8 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from yoco_verify import VerifyError
-from yoco_verify.logdir import VerifiedLog, load_key, open_log, read_checkpoint
+from yoco_verify.logdir import (
+    MAX_TOTAL,
+    VerifiedLog,
+    load_key,
+    open_log,
+    read_checkpoint,
+    since_text,
+)
 from yoco_verify.replay import Ledger, parse_entries, replay
+from yoco_verify.shared.yoco_records.textsafe import safe_text
 
 __all__ = ["main"]
 
@@ -35,15 +43,20 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Examples:\n"
-            "  yoco-verify LOG_DIR --public-key key.txt\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --report yoco-sla-C-1-2026-03.pdf\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --mine my-failures.csv\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --since old/checkpoint\n"
+            "  yoco-verify C-1-log-812.tar.gz --public-key key.txt\n"
+            "  yoco-verify C-1-log-812.tar.gz -k key.txt --report yoco-sla-C-1-2026-03.pdf\n"
+            "  yoco-verify C-1-log-812.tar.gz -k key.txt --mine my-failures.csv\n"
+            "  yoco-verify C-1-log-900.tar.gz -k key.txt --since C-1-log-812.tar.gz\n"
             "Exit 0 only when every check passes and every figure matches."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("log_dir", type=Path, help="the exported log (holds checkpoint and tile/)")
+    p.add_argument(
+        "log",
+        type=Path,
+        help="the downloaded export: the .tar.gz as downloaded (read in memory, never "
+        "unpacked), or a folder holding checkpoint and tile/",
+    )
     p.add_argument(
         "--public-key",
         "-k",
@@ -69,8 +82,20 @@ def _parser() -> argparse.ArgumentParser:
         help="an older signed checkpoint (a checkpoint file or an older export directory): "
         "check the log extends it and list every change since",
     )
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=MAX_TOTAL,
+        help=f"refuse an export holding more than this many bytes (default {MAX_TOTAL})",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
     return p
+
+
+def say(msg: str) -> None:
+    """Print one line of output; every line may quote stored text (a reason, a job id),
+    so each goes through the one neutraliser of control and bidi characters."""
+    print(safe_text(msg))
 
 
 class _Out:
@@ -80,11 +105,11 @@ class _Out:
 
     def ok(self, msg: str) -> None:
         if not self.quiet:
-            print(msg)
+            say(msg)
 
     def bad(self, msg: str) -> None:
         self.failed += 1
-        print(msg)
+        say(msg)
 
 
 def _progress(stage: str, done: int, total: int) -> None:
@@ -96,7 +121,7 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
     from yoco_verify.figures import recompute
-    from yoco_verify.report import check_visible, read_report
+    from yoco_verify.report import check_visible, issued_entry, read_report
 
     rep = read_report(path)
     b = rep.block
@@ -104,6 +129,11 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
         f"report {path.name}: {b.get('contract_id')} {b.get('month')}, "
         f"checkpoint {b.get('tree_size')}"
     )
+    try:
+        seq, _entry = issued_entry(rep, led.bodies)
+        out.ok(f"  issued: its SHA-256 {rep.sha256} is recorded by report entry {seq}")
+    except VerifyError as exc:
+        out.bad(f"  issued: {exc}")
     size = b.get("tree_size")
     if not isinstance(size, int) or not 0 < size <= log.size:
         out.bad(
@@ -174,15 +204,16 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         key = load_key(args.public_key)
         t0 = time.monotonic()
-        log = open_log(args.log_dir, key, progress=_progress)
+        log = open_log(args.log, key, progress=_progress, max_bytes=args.max_bytes)
         bodies = parse_entries(log.entries)
         led = replay(bodies)
         out.ok(
             f"log {log.origin}: {log.size} entries, every one hashed to the signed root "
             f"{log.root.hex()} (checked in {time.monotonic() - t0:.1f} s)"
         )
-        if any(b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies):
-            out.bad("log: it holds entries of another contract")
+        cid = led.contract.contract_id
+        if log.origin.rsplit("/", 1)[-1] != cid:
+            out.bad(f"log: the checkpoint's origin {log.origin!r} is not contract {cid!r}'s log")
         for path in args.report:
             try:
                 _check_report(path, log, led, out)
@@ -199,12 +230,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         if args.since is not None:
             from yoco_verify.diff import changes_since, check_consistency, reported_changes
 
-            src = args.since / "checkpoint" if args.since.is_dir() else args.since
-            try:
-                text = src.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise VerifyError(f"--since: cannot read {src}: {exc}") from None
-            old = read_checkpoint(text, key, "older checkpoint")
+            old = read_checkpoint(since_text(args.since), key, "older checkpoint")
             check_consistency(log, old)
             out.ok(
                 f"since checkpoint {old.size}: this log of {log.size} entries extends it "
@@ -212,24 +238,24 @@ def run(argv: Sequence[str] | None = None) -> int:
             )
             kinds, changes = changes_since(led, old.size)
             listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
-            print(f"  appended since: {listed}")
+            say(f"  appended since: {listed}")
             for c in changes:
-                print(f"  entry {c.seq} {c.kind}: {c.message}")
+                say(f"  entry {c.seq} {c.kind}: {c.message}")
             fixes = reported_changes(led, old.size)
             for fc in fixes:
-                print(
+                say(
                     f"  report {fc.month} (checkpoint {fc.report_size}): {fc.figure} "
                     f"({fc.period}) was {fc.was!r}, the entries now give {fc.now!r}"
                 )
             if not fixes:
-                print("  no figure of a report issued under the older checkpoint changed")
+                say("  no figure of a report issued under the older checkpoint changed")
     except VerifyError as exc:
-        print(f"FAILED: {exc}")
+        say(f"FAILED: {exc}")
         return 1
     if out.failed:
-        print(f"FAILED: {out.failed} problem(s)")
+        say(f"FAILED: {out.failed} problem(s)")
         return 1
-    print("OK: every check passed and every figure matches")
+    say("OK: every check passed and every figure matches")
     return 0
 
 

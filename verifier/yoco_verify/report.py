@@ -10,8 +10,10 @@ values of every figure of the block's table, in order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 
 from yoco_verify import VerifyError
 
-__all__ = ["FIGURES_FORMAT", "Report", "check_visible", "read_report"]
+__all__ = ["FIGURES_FORMAT", "Report", "check_visible", "issued_entry", "read_report"]
 
 FIGURES_FORMAT = "yoco-report-figures/v1"
 FIGURES_ID = "yoco-report-figures"
@@ -29,11 +31,13 @@ _WS = re.compile(r"\s+")
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """A report's figures block and its visible text (white space collapsed)."""
+    """A report's figures block, its visible text (white space collapsed) and the
+    SHA-256 of its exact bytes (hex), the digest its ``report`` entry records."""
 
     path: Path
     block: dict[str, Any]
     text: str
+    sha256: str
 
 
 class _Html(HTMLParser):
@@ -91,8 +95,9 @@ def read_report(path: Path) -> Report:
         data = path.read_bytes()
     except OSError as exc:
         raise VerifyError(f"{path}: cannot read: {exc}") from None
+    digest = hashlib.sha256(data).hexdigest()
     if data.startswith(b"%PDF"):
-        return _read_pdf(path, data)
+        return _read_pdf(path, data, digest)
     try:
         html = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -105,10 +110,11 @@ def read_report(path: Path) -> Report:
             f"{path.name}: expected exactly one figures block "
             f'(<script id="{FIGURES_ID}">), found {parser.blocks}'
         )
-    return Report(path, _parse_block("".join(parser.block), path), _norm("".join(parser.text)))
+    block = _parse_block("".join(parser.block), path)
+    return Report(path, block, _norm("".join(parser.text)), digest)
 
 
-def _read_pdf(path: Path, data: bytes) -> Report:
+def _read_pdf(path: Path, data: bytes, digest: str) -> Report:
     import io
 
     try:
@@ -124,7 +130,7 @@ def _read_pdf(path: Path, data: bytes) -> Report:
             f"{path.name}: expected exactly one attached {FIGURES_ATTACHMENT}, "
             f"found {len(attached or [])}"
         )
-    return Report(path, _parse_block(attached[0], path), _norm(text))
+    return Report(path, _parse_block(attached[0], path), _norm(text), digest)
 
 
 def _occurrences(text: str, needle: str, start: int) -> list[int]:
@@ -168,3 +174,31 @@ def check_visible(report: Report) -> list[str]:
             f"the figures block says {mv + ' ' + yv!r}"
         )
     return problems
+
+
+def issued_entry(report: Report, bodies: Sequence[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """The ``report`` entry (its number and body) whose ``html_sha256`` or ``pdf_sha256``
+    is the digest of the report's exact bytes.
+
+    The digest covers every byte (page, banner, chart, style, a PDF's drawing), so a
+    report the operator issued is accepted only as issued.  :class:`VerifyError` when no
+    entry records these bytes, or when the entry that does is of another month or
+    checkpoint than the report's figures block states.
+    """
+    digest = report.sha256
+    for seq, b in enumerate(bodies):
+        if b.get("kind") == "report" and digest in (b.get("html_sha256"), b.get("pdf_sha256")):
+            block = report.block
+            for mine, theirs in (("month", "month"), ("checkpoint_tree_size", "tree_size"),
+                                 ("checkpoint_root_hash", "root_hash")):
+                if b.get(mine) != block.get(theirs):
+                    raise VerifyError(
+                        f"the report entry {seq} recording these bytes says {mine} "
+                        f"{b.get(mine)!r}, the report's block says {block.get(theirs)!r}"
+                    )
+            return seq, b
+    raise VerifyError(
+        f"SHA-256 {digest} is recorded by no report entry of this log: these are not the "
+        "bytes of a report the operator issued (a byte of the file was changed, or it was "
+        "never issued)"
+    )
