@@ -193,6 +193,25 @@ class _Capped(io.RawIOBase):
         return n
 
 
+#: The largest extended header (pax, GNU long name) a member may carry: tar reads one
+#: whole into memory before the member it describes, so it is checked here first.
+MAX_EXTENDED_HEADER = 1 << 20
+_EXTENDED = {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+             tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK}
+
+
+class _TarInfo(tarfile.TarInfo):
+    """A member header that refuses an oversized extended header before tar reads it."""
+
+    def _proc_member(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
+            raise VerifyError(
+                f"{self.name!r}: an extended header of {self.size} bytes (at most "
+                f"{MAX_EXTENDED_HEADER}; refused)"
+            )
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+
 class _Archive(_Files):
     """A downloaded ``.tar.gz`` (or ``.tar``) export read member by member into memory,
     never extracted: only regular files and folders with the names an export holds,
@@ -226,7 +245,7 @@ class _Archive(_Files):
     def _load(self, stream: BinaryIO) -> None:
         top: str | None = None
         n = 0
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
+        with tarfile.open(fileobj=stream, mode="r|", tarinfo=_TarInfo) as tar:
             for m in tar:
                 n += 1
                 if n > MAX_MEMBERS:
