@@ -203,7 +203,7 @@ _EXTENDED = {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
 class _TarInfo(tarfile.TarInfo):
     """A member header that refuses an oversized extended header before tar reads it."""
 
-    def _proc_member(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+    def _proc_member(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
             raise VerifyError(
                 f"{self.name!r}: an extended header of {self.size} bytes (at most "
