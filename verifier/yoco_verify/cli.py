@@ -121,19 +121,31 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
     from yoco_verify.figures import recompute
-    from yoco_verify.report import check_visible, issued_entry, read_report
+    from yoco_verify.report import (
+        check_visible,
+        entry_disagrees,
+        file_digest,
+        issued_entry,
+        read_report,
+    )
 
+    # First the exact bytes (even of a file that no longer parses): any change anywhere.
+    digest = file_digest(path)
+    entry: dict[str, Any] | None = None
+    try:
+        seq, entry = issued_entry(digest, led.bodies)
+    except VerifyError as exc:
+        out.bad(f"report {path.name}: issued: {exc}")
     rep = read_report(path)
     b = rep.block
     out.ok(
         f"report {path.name}: {b.get('contract_id')} {b.get('month')}, "
         f"checkpoint {b.get('tree_size')}"
     )
-    try:
-        seq, _entry = issued_entry(rep, led.bodies)
-        out.ok(f"  issued: its SHA-256 {rep.sha256} is recorded by report entry {seq}")
-    except VerifyError as exc:
-        out.bad(f"  issued: {exc}")
+    if entry is not None:
+        out.ok(f"  issued: its SHA-256 {digest} is recorded by report entry {seq}")
+        for problem in entry_disagrees(entry, b):
+            out.bad(f"  issued: {problem}")
     size = b.get("tree_size")
     if not isinstance(size, int) or not 0 < size <= log.size:
         out.bad(

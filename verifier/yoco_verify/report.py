@@ -21,7 +21,15 @@ from typing import Any
 
 from yoco_verify import VerifyError
 
-__all__ = ["FIGURES_FORMAT", "Report", "check_visible", "issued_entry", "read_report"]
+__all__ = [
+    "FIGURES_FORMAT",
+    "Report",
+    "check_visible",
+    "entry_disagrees",
+    "file_digest",
+    "issued_entry",
+    "read_report",
+]
 
 FIGURES_FORMAT = "yoco-report-figures/v1"
 FIGURES_ID = "yoco-report-figures"
@@ -85,6 +93,14 @@ def _parse_block(raw: str | bytes, path: Path) -> dict[str, Any]:
     if not isinstance(block, dict) or block.get("format") != FIGURES_FORMAT:
         raise VerifyError(f"{path.name}: the figures block is not {FIGURES_FORMAT}")
     return block
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 (hex) of the file's exact bytes; :class:`VerifyError` if unreadable."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise VerifyError(f"{path}: cannot read: {exc}") from None
 
 
 def read_report(path: Path) -> Report:
@@ -176,29 +192,34 @@ def check_visible(report: Report) -> list[str]:
     return problems
 
 
-def issued_entry(report: Report, bodies: Sequence[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+def issued_entry(digest: str, bodies: Sequence[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     """The ``report`` entry (its number and body) whose ``html_sha256`` or ``pdf_sha256``
-    is the digest of the report's exact bytes.
+    is ``digest``, the SHA-256 (hex) of a report file's exact bytes.
 
     The digest covers every byte (page, banner, chart, style, a PDF's drawing), so a
-    report the operator issued is accepted only as issued.  :class:`VerifyError` when no
-    entry records these bytes, or when the entry that does is of another month or
-    checkpoint than the report's figures block states.
+    report is accepted only as it was issued.  :class:`VerifyError` when no entry of the
+    log records these bytes.
     """
-    digest = report.sha256
     for seq, b in enumerate(bodies):
         if b.get("kind") == "report" and digest in (b.get("html_sha256"), b.get("pdf_sha256")):
-            block = report.block
-            for mine, theirs in (("month", "month"), ("checkpoint_tree_size", "tree_size"),
-                                 ("checkpoint_root_hash", "root_hash")):
-                if b.get(mine) != block.get(theirs):
-                    raise VerifyError(
-                        f"the report entry {seq} recording these bytes says {mine} "
-                        f"{b.get(mine)!r}, the report's block says {block.get(theirs)!r}"
-                    )
             return seq, b
     raise VerifyError(
         f"SHA-256 {digest} is recorded by no report entry of this log: these are not the "
         "bytes of a report the operator issued (a byte of the file was changed, or it was "
         "never issued)"
     )
+
+
+def entry_disagrees(entry: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    """Where a ``report`` entry and the figures block of the bytes it records disagree on
+    the month or the checkpoint (an empty list when they agree)."""
+    return [
+        f"the report entry says {mine} {entry.get(mine)!r}, its figures block says "
+        f"{theirs} {block.get(theirs)!r}"
+        for mine, theirs in (
+            ("month", "month"),
+            ("checkpoint_tree_size", "tree_size"),
+            ("checkpoint_root_hash", "root_hash"),
+        )
+        if entry.get(mine) != block.get(theirs)
+    ]
