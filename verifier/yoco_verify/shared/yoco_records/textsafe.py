@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["safe_text"]
+__all__ = ["safe_lines", "safe_text"]
 
 #: C0 controls (newline and tab included: one field is one line), DEL, C1 controls
 #: (0x9B is a one-byte CSI on some terminals), the bidirectional embeddings, overrides,
@@ -29,15 +29,22 @@ _UNSAFE = re.compile(
 
 
 def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\u{ord(match.group(0)):04x}"
 
 
 def safe_text(value: object) -> str:
     """``str(value)`` with every control and bidirectional formatting character replaced
-    by its visible escape (``ESC`` → ``\\x1b``, U+202E → ``\\u202e``, a newline →
-    ``\\x0a``).  Every other character, non-ASCII letters included, is kept as is, so
-    plain text prints unchanged; the result never moves the cursor, changes colours or
-    reorders what a terminal shows."""
+    by its visible escape ``\\uXXXX`` (``ESC`` → ``\\u001b``, U+202E → ``\\u202e``, a
+    newline → ``\\u000a``).  Every other character, non-ASCII letters included, is kept
+    as is, so plain text prints unchanged; the result never moves the cursor, changes
+    colours or reorders what a terminal shows.  The escapes are JSON's: inside a JSON
+    string they stand for the same character."""
     text = value if isinstance(value, str) else str(value)
     return _UNSAFE.sub(_escape, text)
+
+
+def safe_lines(text: str) -> str:
+    """:func:`safe_text` of each line of ``text``, the line breaks kept: for output of
+    several lines (indented JSON, whose own line breaks are structure, stays valid JSON
+    with the same values)."""
+    return "\n".join(safe_text(line) for line in text.split("\n"))
