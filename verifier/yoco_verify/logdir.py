@@ -136,7 +136,8 @@ class _Folder(_Files):
         fds: list[int] = []
         try:
             try:
-                fd = os.open(self.where, dflags)
+                # The folder you named may itself be a link; nothing inside it may.
+                fd = os.open(self.where, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
                 fds.append(fd)
                 *dirs, name = rel.split("/")
                 for part in dirs:
