@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 from yoco_verify import VerifyError
 from yoco_verify.shared.billing import sla
@@ -108,6 +108,22 @@ def parse_entry(data: bytes, seq: int) -> dict[str, Any]:
     return body
 
 
+def _refuse_entry(seq: int, data: bytes) -> NoReturn:
+    """Say why entry ``seq`` is not canonical JSON (strict parse first: a key twice)."""
+    try:
+        value = parse_json_strict(data)
+    except JsonInputError as exc:
+        raise VerifyError(f"entry {seq}: not strict JSON: {exc}") from None
+    try:
+        canonical_bytes(value)
+    except CanonicalizationError as exc:
+        raise VerifyError(f"entry {seq}: has no canonical form: {exc}") from None
+    raise VerifyError(
+        f"entry {seq}: its bytes are not its RFC 8785 canonical form (the ledger writes "
+        "every entry canonical; these were re-encoded or altered)"
+    )
+
+
 def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
     """Every entry parsed, in order, each held to the ledger's own rules first.
 
@@ -120,25 +136,26 @@ def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
     """
     out: list[dict[str, Any]] = []
     cid: Any = None
-    seen: dict[Any, int] = {}
+    seen: dict[str, int] = {}
     for seq, data in enumerate(entries):
+        # One plain parse and one canonical encoding per entry: equal bytes prove the
+        # entry canonical, and so also free of a key twice (the parse would keep one of
+        # them and the bytes would differ), of numbers JSON cannot carry exactly and of
+        # lone surrogates (neither has a canonical form).  Only an entry that fails is
+        # parsed strictly, to say why.
         try:
-            strict = parse_json_strict(data)
-        except JsonInputError as exc:
-            raise VerifyError(f"entry {seq}: not strict JSON: {exc}") from None
+            strict = json.loads(data)
+            canonical = canonical_bytes(strict)
+        except (ValueError, CanonicalizationError, RecursionError):
+            strict, canonical = None, b""
+        if canonical != bytes(data):
+            _refuse_entry(seq, data)
         if not isinstance(strict, dict) or "kind" not in strict:
             raise VerifyError(f"entry {seq}: not a ledger entry (no kind)")
-        try:
-            canonical = canonical_bytes(strict)
-        except CanonicalizationError as exc:
-            raise VerifyError(f"entry {seq}: has no canonical form: {exc}") from None
-        if canonical != bytes(data):
-            raise VerifyError(
-                f"entry {seq}: its bytes are not its RFC 8785 canonical form (the ledger "
-                "writes every entry canonical; these were re-encoded or altered)"
-            )
         eid = strict.get("event_id")
         if eid is not None:
+            if not isinstance(eid, str):
+                raise VerifyError(f"entry {seq}: event_id {eid!r} is not a string")
             if eid in seen:
                 raise VerifyError(
                     f"entry {seq} ({strict['kind']}): event id {eid} is already entry "
