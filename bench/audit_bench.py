@@ -9,9 +9,11 @@ Builds the ledger for real (embedded PostgreSQL unless ``DATABASE_URL`` is set):
 contract, one contract year (2025), a SIMULATED stream (``yoco.simulate``) of 2,048-GPU
 jobs back to back, failing at the Meta cluster-study rate, mostly progress records;
 ingests it, signs the log, issues the December report (HTML and PDF) over that
-checkpoint and exports the log (``yoco ledger export-log``).  Only then it times the
-customer's side: ``yoco-verify LOG --public-key KEY --report DEC.html --report DEC.pdf``
-(every entry hashed, every tile and the root checked, every figure of the month and the
+checkpoint (its ``report`` entry recorded), signs again and exports the log as the
+portal's ``.tar.gz`` download.  Only then it times the customer's side:
+``yoco-verify LOG.tar.gz --public-key KEY --report DEC.html --report DEC.pdf`` (the
+archive read in memory, every entry hashed and held to its rules, every tile and the
+root checked, both files' digests found in the log, every figure of the month and the
 year to date recomputed from the entries and compared with both files).
 """
 
@@ -48,11 +50,11 @@ def main() -> None:
     import yoco.simulate as simulate_mod
     from ledger.checkpoints import sign_all
     from ledger.contracts import add_contracts
-    from ledger.export import export_to_dir
+    from ledger.export import export_tar
     from ledger.ingest import ingest
     from ledger.note import Signer, generate_signer
     from ledger.records import parse_contracts, validate_batch
-    from reports.monthly import build_monthly_report
+    from reports.monthly import issue_monthly_report
     from yoco.database import (
         embedded_url,
         ensure_database,
@@ -116,21 +118,25 @@ def main() -> None:
             sign_all(s, signer, "bench.example")
         t = time.perf_counter()
         with unit_of_work(engine) as s:
-            report = build_monthly_report(s, "AUDIT-2048", 2025, 12)
+            report, _ = issue_monthly_report(s, "AUDIT-2048", 2025, 12)
         html, pdf = work / "dec.html", work / "dec.pdf"
         html.write_bytes(report.html_bytes)
         pdf.write_bytes(report.pdf)
-        print(f"report built in {time.perf_counter() - t:.1f} s", flush=True)
+        print(f"report built and issued in {time.perf_counter() - t:.1f} s", flush=True)
+        with unit_of_work(engine) as s:  # a checkpoint covering the report entry
+            sign_all(s, signer, "bench.example")
         t = time.perf_counter()
         with unit_of_work(engine) as s:
-            info = export_to_dir(s, "AUDIT-2048", work / "log")
-        size_mb = sum(p.stat().st_size for p in (work / "log").rglob("*") if p.is_file()) / 1e6
+            info, data = export_tar(s, "AUDIT-2048")
+        archive = work / "log.tar.gz"
+        archive.write_bytes(data)
         print(
-            f"exported {info.tree_size} entries, {info.files} files, {size_mb:.0f} MB in "
-            f"{time.perf_counter() - t:.1f} s (yoco ledger export-log)",
+            f"exported {info.tree_size} entries, {info.files} files, a "
+            f"{len(data) / 1e6:.0f} MB archive in {time.perf_counter() - t:.1f} s "
+            "(the portal's download)",
             flush=True,
         )
-        argv = [str(work / "log"), "--public-key", signer.verifier_text(), "--report",
+        argv = [str(archive), "--public-key", signer.verifier_text(), "--report",
                 str(html), "--report", str(pdf)]  # fmt: skip
         times = []
         for _ in range(args.runs):

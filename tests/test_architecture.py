@@ -32,8 +32,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # Reporters for other fault-tolerance stacks (torchrun, TorchFT): the runtime's
     # records and outbox, nothing of the ledger's side.
     "adapters": frozenset({"runtime", "yoco_records"}),
-    # The standalone verifier installs only pure modules of billing and the ledger.
-    "yoco_verify": frozenset({"billing", "ledger", "yoco_records"}),
+    # The standalone verifier imports none of them: it carries copies of the pure modules
+    # it needs under yoco_verify.shared (scripts/vendor_verifier.py).
+    "yoco_verify": frozenset(),
 }
 PROJECT = frozenset({*ALLOWED, "yoco", "migrations"})
 
@@ -43,7 +44,8 @@ def _package_dir(package: str) -> Path:
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT / "verifier" if "verifier" in path.parts else ROOT)
+    verifier = ROOT / "verifier"
+    rel = path.relative_to(verifier if path.is_relative_to(verifier) else ROOT)
     parts = list(rel.with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()

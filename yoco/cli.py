@@ -17,8 +17,10 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from yoco.app import App, SchemaNotReady
+from yoco_records.textsafe import safe_lines, safe_text
 
 app = typer.Typer(
     name="yoco",
@@ -44,6 +46,19 @@ app.add_typer(ledger_app, name="ledger")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+
+
+def shown(value: Any) -> str:
+    """Text from outside (stored in the ledger, or quoted from an input file) made safe
+    for one console line: control and bidi characters neutralised by the one shared
+    neutraliser (:func:`yoco_records.textsafe.safe_text`), rich markup escaped."""
+    return escape(safe_text(value))
+
+
+def print_json(obj: Any, ensure_ascii: bool = False) -> None:
+    """Print ``obj`` as indented JSON to stdout with its stored text neutralised
+    (:func:`yoco_records.textsafe.safe_lines`: still valid JSON, the same values)."""
+    print(safe_lines(json.dumps(obj, indent=2, ensure_ascii=ensure_ascii)))
 
 
 @dataclass(slots=True)
@@ -110,7 +125,7 @@ def remote_client() -> Iterator[Any]:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {shown(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -164,7 +179,7 @@ def _unit(ctx: App, fn: Callable[[Any], T]) -> T:
 
 def _print_record_errors(errors: list[Any], limit: int = 50, more: int = 0) -> None:
     for e in errors[:limit]:
-        err.print(f"  {e}", highlight=False, soft_wrap=True)
+        err.print(f"  {shown(e)}", highlight=False, soft_wrap=True)
     if len(errors) + more > limit:
         err.print(f"  … and {len(errors) + more - limit} more")
 
@@ -359,7 +374,7 @@ def contracts_list(
                 for r in _unit(ctx, list_contracts)
             ]
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows, ensure_ascii=True)
         return
     from yoco.render import grouped, print_table
 
@@ -573,7 +588,7 @@ def ledger_prove(
         out_file.write_text(text)
         err.print(f"proof written to {out_file}")
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(safe_lines(text))
 
 
 @ledger_app.command("export-log")
@@ -664,7 +679,7 @@ def verify_proof(
         verified = verify_bundle(bundle, key)
     except (LedgerError, ValueError) as exc:
         fail(f"proof does not verify: {exc}", 1)
-    out.print(f"proof verified: {verified}", highlight=False, soft_wrap=True)
+    out.print(f"proof verified: {shown(verified)}", highlight=False, soft_wrap=True)
 
 
 def _parse_month(month: str | None) -> tuple[int, int] | None:
@@ -731,7 +746,7 @@ def sla(
         with remote_client() as api:
             data = api.sla(contract_id, year=year, month=month).data
         if as_json:
-            print(json.dumps(data, indent=2))
+            print_json(data, ensure_ascii=True)
         else:
             print_sla(out, data)
         return
@@ -742,7 +757,7 @@ def sla(
 
         report = _unit(ctx, figures)
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json(), ensure_ascii=True)
     else:
         print_sla(out, report)
 

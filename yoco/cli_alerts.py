@@ -6,13 +6,12 @@ written) when a field is bad. Sending exits 1 when a delivery failed.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from yoco.cli import application, err, fail, out, parse_now
+from yoco.cli import application, err, fail, out, parse_now, print_json, shown
 
 if TYPE_CHECKING:
     from alerts.send import Delivered
@@ -50,7 +49,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
+    print_json(obj)
 
 
 def _unit(ctx: Any) -> Any:
@@ -249,15 +248,16 @@ def deliveries_cmd(
             _print_json({**rows[0], "attempts": attempts, "replays": asked} if rows else {})
             return
         for k, v in (rows[0] if rows else {}).items():
-            out.print(f"{k}: {v}", highlight=False)
+            out.print(shown(f"{k}: {v}"), highlight=False)
         for r in asked:
-            out.print(f"  replay asked by {r['requested_by']} ({r['via']}) at "
-                      f"{r['requested_at']}", highlight=False)
+            out.print(shown(f"  replay asked by {r['requested_by']} ({r['via']}) at "
+                            f"{r['requested_at']}"), highlight=False)
         for a in attempts:
             outcome = "ok" if a["ok"] else "failed"
             wait = f", next try in {a['backoff_s']:.2f} s" if a["backoff_s"] else ""
-            out.print(f"  attempt {a['attempt']} {a['at']}{' (replay)' if a['replay'] else ''}"
-                      f": {outcome} {a['status_code'] or ''} {a['error'] or ''}{wait}",
+            out.print(shown(f"  attempt {a['attempt']} {a['at']}"
+                            f"{' (replay)' if a['replay'] else ''}"
+                            f": {outcome} {a['status_code'] or ''} {a['error'] or ''}{wait}"),
                       highlight=False)
         return
     if as_json:
@@ -278,11 +278,11 @@ def deliveries_cmd(
 def _report(sent: list[Delivered]) -> None:
     for d in sent:
         if d.status == "delivered":
-            out.print(f"delivery {d.delivery_id} to {d.destination}: delivered "
-                      f"({d.attempts} attempt(s))", highlight=False)
+            out.print(shown(f"delivery {d.delivery_id} to {d.destination}: delivered "
+                            f"({d.attempts} attempt(s))"), highlight=False)
         else:
-            err.print(f"delivery {d.delivery_id} to {d.destination}: FAILED after "
-                      f"{d.attempts} attempt(s): {d.error}", highlight=False)
+            err.print(shown(f"delivery {d.delivery_id} to {d.destination}: FAILED after "
+                            f"{d.attempts} attempt(s): {d.error}"), highlight=False)
 
 
 def _os_user() -> str:

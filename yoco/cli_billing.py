@@ -6,14 +6,13 @@ nothing written (see :func:`yoco.cli.application`).
 
 from __future__ import annotations
 
-import json
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from yoco.cli import application, err, fail, out, parse_now
+from yoco.cli import application, err, fail, out, parse_now, print_json, shown
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,7 +56,7 @@ def _date(name: str, value: str | None) -> date | None:
 
 
 def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
+    print_json(obj)
 
 
 def _money(credit: dict[str, Any], key: str = "amount") -> str:
@@ -525,9 +524,11 @@ def dispute_list_cmd(
         err.print("no disputes")
     for d in rows:
         out.print(
-            f"{d['dispute_id']} {d['contract_id']} failure {d['failure_event_id']} "
-            f"{d['status']}"
-            + (f" ({d['resolution']})" if d["resolution"] else "")
-            + f": {d['reason']}",
+            shown(
+                f"{d['dispute_id']} {d['contract_id']} failure {d['failure_event_id']} "
+                f"{d['status']}"
+                + (f" ({d['resolution']})" if d["resolution"] else "")
+                + f": {d['reason']}"
+            ),
             highlight=False,
         )

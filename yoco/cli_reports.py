@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from yoco.cli import application, err, fail, out
+from yoco.cli import application, err, fail, out, shown
 
 if TYPE_CHECKING:
     from reports.monthly import PreparedReport
@@ -215,7 +215,7 @@ def _problems(problems: list[tuple[str, str]]) -> None:
     if problems:
         err.print(f"[bold red]error:[/] {len(problems)} contract(s) not reported:")
         for cid, message in problems:
-            err.print(f"  {cid}: {message}", highlight=False, soft_wrap=True)
+            err.print(shown(f"  {cid}: {message}"), highlight=False, soft_wrap=True)
         raise typer.Exit(2)
 
 

@@ -356,19 +356,20 @@ def outbox_list(
     from datetime import UTC, datetime
 
     from runtime.outbox import Outbox
+    from yoco_records.textsafe import safe_text
 
     box = Outbox(_run_dir(job, runs_root) / "outbox")
     pending, dead = box.pending(limit=1_000_000), box.dead_letters()
     for rec in pending:
         row = {"state": "pending", "event_id": rec["event_id"], "kind": rec["kind"]}
-        typer.echo(json.dumps(row) if as_json else f"pending      {rec['kind']:<13} "
-                   f"{rec['event_id']}")
+        typer.echo(json.dumps(row) if as_json else safe_text(
+            f"pending      {rec['kind']:<13} {rec['event_id']}"))
     for d in dead:
         at = datetime.fromtimestamp(d.at, UTC).isoformat(timespec="seconds")
         row = {"state": "dead_letter", "event_id": d.event_id,
                "kind": d.record.get("kind"), "reason": d.reason, "at": at}
-        typer.echo(json.dumps(row) if as_json else f"dead letter  {d.record.get('kind'):<13} "
-                   f"{d.event_id}  refused {at}: {d.reason}")
+        typer.echo(json.dumps(row) if as_json else safe_text(
+            f"dead letter  {d.record.get('kind')!s:<13} {d.event_id}  refused {at}: {d.reason}"))
     if not as_json:
         typer.echo(f"{len(pending)} pending, {len(dead)} dead letter(s)")
     if pending or dead:

@@ -11,6 +11,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from billing.verdict import Verdict, verdict_of_json
+from yoco_records.textsafe import safe_text
 
 
 def grouped(value: Any, places: int | None = None) -> str:
@@ -28,9 +29,15 @@ def grouped(value: Any, places: int | None = None) -> str:
 def print_table(console: Console, table: Table) -> None:
     """Print ``table`` whole: never cut to 80 columns when the output is not a terminal
     (a pipe or a file gets the table's natural width), and on a terminal long ids fold
-    rather than end in an ellipsis."""
+    rather than end in an ellipsis.  Every cell that is plain text (a stored reason, job
+    or destination) and the title go through the one neutraliser of control and bidi
+    characters (:func:`yoco_records.textsafe.safe_text`) first."""
+    if isinstance(table.title, str):
+        table.title = safe_text(table.title)
     for column in table.columns:
         column.overflow = "fold"
+        cells = column._cells  # rich keeps a column's cells here (no public setter)
+        column._cells = [safe_text(c) if isinstance(c, str) else c for c in cells]
     width = Measurement.get(console, console.options.update_width(100_000), table).maximum
     if console.is_terminal or width <= console.width:
         console.print(table)

@@ -33,7 +33,9 @@ def verify(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str]:
 
 @pytest.fixture
 def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, Any]:
-    """Three contracts (one closed and credited), reports of two, the tipping log exported."""
+    """Three contracts (one closed and credited), reports of two issued (each recorded by a
+    ``report`` entry), both logs exported over a checkpoint covering those entries: as a
+    folder (``logs``) and as the portal's ``.tar.gz`` download (``archives``)."""
     contracts, records = [], []
     for fn in (sc.tipping, sc.quiet, sc.closed_year):
         c, r = fn()
@@ -50,19 +52,28 @@ def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, 
     files: dict[str, Path] = {}
     with unit_of_work(app_ctx.engine) as s:
         for cid, y, m in (("C-TIP", 2026, 3), ("C-TIP", 2026, 2), ("C-CLOSED", 2025, 12)):
-            rep = rm.build_monthly_report(s, cid, y, m)
+            rep, _ = rm.issue_monthly_report(s, cid, y, m)
             stem = rm.file_stem(cid, y, m)
             (out / f"{stem}.html").write_bytes(rep.html_bytes)
             (out / f"{stem}.pdf").write_bytes(rep.pdf)
             files[f"{cid} {y}-{m:02d}"] = out / stem
+    from ledger.checkpoints import sign_all
+    from ledger.export import export_tar
+
+    with unit_of_work(app_ctx.engine) as s:  # a checkpoint covering the report entries
+        sign_all(s, app_ctx.signer, app_ctx.settings.log_origin)
     key = app_ctx.signer.verifier_text()
     (tmp_path / "key.txt").write_text(key + "\n")
-    logs = {}
+    logs, archives = {}, {}
     for cid in ("C-TIP", "C-CLOSED"):
         logs[cid] = tmp_path / f"log-{cid}"
         text = yoco("ledger", "export-log", cid, "--out", str(logs[cid]))
         assert f"exported {cid}" in text
+        with unit_of_work(app_ctx.engine) as s:
+            info, data = export_tar(s, cid)
+        archives[cid] = tmp_path / f"{cid}-log-{info.tree_size}.tar.gz"
+        archives[cid].write_bytes(data)
     return {"key": key, "key_file": tmp_path / "key.txt", "logs": logs, "reports": files,
-            "tmp": tmp_path}
+            "archives": archives, "tmp": tmp_path}
 
 

@@ -1,8 +1,12 @@
-"""yoco-verify's reading of entries: the progress shortcut never hides another contract's
-or a disguised entry."""
+"""yoco-verify's reading of entries: each held to the ledger's own rules (canonical bytes,
+no key twice, no event id twice, one contract), and progress entries read short."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+from yoco_verify import VerifyError
 from yoco_verify.replay import parse_entries
 
 from ledger.canonical import canonical_bytes
@@ -17,18 +21,46 @@ def progress(cid: str, **extra: object) -> bytes:
                             "step": 1, "step_seconds": 1, **extra})
 
 
-def test_progress_shortcut_only_for_the_logs_own_flat_progress_entries() -> None:
+def test_progress_entries_are_read_short_and_lookalikes_in_full() -> None:
     fake = canonical_bytes({"kind": "failure", "contract_id": "C-1", "event_id": "e2",
                             "detail": '"kind":"job_progress"', "job_id": "j"})
     nested = canonical_bytes({"kind": "amendment", "contract_id": "C-1", "event_id": "e3",
                               "changes": {"kind": "job_progress"}})
-    out = parse_entries([CONTRACT, progress("C-1"), progress("C-10"), fake, nested])
+    out = parse_entries([CONTRACT, progress("C-1"), fake, nested])
     assert out[1] == {"kind": "job_progress", "contract_id": "C-1"}
-    # Another contract's progress (even one whose id starts like ours) is read in full.
-    assert out[2]["contract_id"] == "C-10" and out[2]["step"] == 1
     # A quoted look-alike inside a string, or a nested object, is read in full.
-    assert out[3]["kind"] == "failure" and out[3]["detail"] == '"kind":"job_progress"'
-    assert out[4]["kind"] == "amendment"
+    assert out[2]["kind"] == "failure" and out[2]["detail"] == '"kind":"job_progress"'
+    assert out[3]["kind"] == "amendment"
+
+
+def _refused(entries: list[bytes]) -> str:
+    with pytest.raises(VerifyError) as exc:
+        parse_entries(entries)
+    return str(exc.value)
+
+
+def test_entries_are_held_to_their_own_rules() -> None:
+    failure = {"kind": "failure", "contract_id": "C-1", "event_id": "f1",
+               "failure_class": "unplanned", "job_id": "j"}
+    # Not canonical: indented, or keys out of order -- the same JSON value, other bytes.
+    indented = json.dumps(failure, indent=2).encode()
+    assert "entry 1: its bytes are not its RFC 8785 canonical form" in _refused(
+        [CONTRACT, indented])
+    # A key twice: json.loads would read the last; the shortcut would have read the first.
+    twice = progress("C-1").replace(b'"kind":"job_progress"',
+                                    b'"kind":"job_progress","kind":"failure"', 1)
+    msg = _refused([CONTRACT, twice])
+    assert msg.startswith("entry 1: not strict JSON") and "duplicate key 'kind'" in msg, msg
+    # A second failure reusing an old failure's id (its class changed to planned).
+    again = canonical_bytes({**failure, "failure_class": "planned"})
+    assert _refused([CONTRACT, canonical_bytes(failure), progress("C-1"), again]) == (
+        "entry 3 (failure): event id f1 is already entry 1's (an id names one event; a "
+        "second entry may not reuse it)")
+    # Another contract's entry, progress included (even an id that starts like ours).
+    assert _refused([CONTRACT, progress("C-10")]) == (
+        "entry 1 (job_progress): of contract 'C-10', in the log of contract 'C-1'")
+    assert "of contract 'C-2'" in _refused(
+        [CONTRACT, canonical_bytes({**failure, "contract_id": "C-2"})])
 
 
 def test_verifier_modules_import_without_database_web_or_torch() -> None:

@@ -1,7 +1,10 @@
-"""The verifier installed alone: a fresh virtual environment holding only the yoco-verify
-package (built from verifier/) and its three dependencies recomputes a real report.
+"""The verifier installed alone: its folder copied out of the repository, built there into
+a wheel, installed in a fresh virtual environment holding only it and its three
+dependencies, checks a real downloaded archive and recomputes a real report.
 
-No network: the wheel is built here without build isolation; the dependencies
+The wheel installs no top-level name but ``yoco_verify`` (the pure modules it shares with
+yoco are copied under ``yoco_verify.shared``).  No network: the wheel is built without
+build isolation; the dependencies
 (cryptography with cffi, pypdf, rfc8785) are made visible to the fresh environment from
 this interpreter's own copies through a .pth file, and nothing else is.  The environment
 must not be able to import the database, web or torch stacks, nor yoco's other modules.
@@ -14,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +44,21 @@ def _dep_paths() -> list[Path]:
 def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
     world: dict[str, Any], tmp_path: Path
 ) -> None:
+    # The verifier's folder alone, out of the repository (no ../ledger beside it).
+    alone = tmp_path / "elsewhere" / "verifier"
+    shutil.copytree(REPO / "verifier", alone,
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     wheels = tmp_path / "wheels"
-    subprocess.run(
+    built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(wheels), str(REPO / "verifier")],
-        check=True, capture_output=True, timeout=600,
+         "--no-index", "-w", str(wheels), str(alone)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
+    assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = wheels.glob("yoco_verify-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+    assert tops == {"yoco_verify", "yoco_verify-0.1.0.dist-info"}, tops
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -68,13 +80,14 @@ def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
         return subprocess.run(list(args), capture_output=True, text=True, env=clean_env,
                               cwd=empty, timeout=600)
 
-    # Only the pure modules were installed, and nothing of the heavy stacks is importable.
+    # Only the verifier was installed, and nothing of the heavy stacks or of yoco's own
+    # packages is importable.
     probe = run(str(py), "-c",
-                "import importlib.util as u, ledger, billing, yoco_verify;"
-                "print(sorted(m for m in ('sqlalchemy','fastapi','torch','psycopg','weasyprint',"
-                "'yoco','web','reports','runtime','ledger.models','billing.services',"
-                "'billing.models') if u.find_spec(m)));"
-                "print(ledger.__file__)")
+                "import importlib.util as u, yoco_verify.shared.ledger.merkle as m;"
+                "print(sorted(n for n in ('sqlalchemy','fastapi','torch','psycopg','weasyprint',"
+                "'yoco','web','reports','runtime','ledger','billing','yoco_records') "
+                "if u.find_spec(n)));"
+                "print(m.__file__)")
     assert probe.returncode == 0, probe.stderr
     found, where = probe.stdout.splitlines()
     assert found == "[]", found
@@ -85,7 +98,7 @@ def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
     assert [r.split(">")[0] for r in requires] == ["cryptography", "pypdf", "rfc8785"]
 
     stem = world["reports"]["C-TIP 2026-03"]
-    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["logs"]["C-TIP"]),
+    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["archives"]["C-TIP"]),
               "--public-key", str(world["key_file"]),
               "--report", f"{stem}.pdf", "--report", f"{stem}.html")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -96,10 +109,10 @@ def test_fresh_venv_with_only_the_verifier_recomputes_a_real_report(
     forged = tmp_path / "forged.html"
     forged.write_text(html.replace('"covered": 6', '"covered": 5', 1)
                       .replace('"month": "6"', '"month": "5"', 1))
-    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["logs"]["C-TIP"]),
+    res = run(str(env_dir / "bin" / "yoco-verify"), str(world["archives"]["C-TIP"]),
               "--public-key", world["key"], "--report", str(forged))
     assert res.returncode == 1, res.stdout
-    assert "DIFFERS" in res.stdout
+    assert "DIFFERS" in res.stdout and "is recorded by no report entry" in res.stdout
     assert "PYTHONPATH" not in clean_env  # the repository is not on the path
 
     # The witness runs from the same installation (nothing of the server needed).

@@ -187,3 +187,15 @@ def test_refused_input_exits_2_and_writes_nothing(ledger, engine, args) -> None:
     out = yoco(*args, code=2)
     assert "error" in out
     assert _journal(engine) == before
+
+
+def test_dispute_list_neutralises_terminal_escapes_in_a_stored_reason(ledger) -> None:
+    """A reason that clears the screen and draws a fake line, or reverses the text after
+    it, is printed as visible escapes; --json keeps the reason exactly."""
+    reason = "our OOM\x1b[2J\x1b[Hall disputes resolved\u202e [/]"
+    yoco("billing", "dispute", "open", "C-1", ledger[-1], "--reason", reason)
+    out = yoco("billing", "dispute", "list", "--contract", "C-1")
+    assert "\x1b" not in out and "\u202e" not in out, repr(out)
+    assert "our OOM\\u001b[2J\\u001b[Hall disputes resolved\\u202e [/]" in out, out
+    rows = json.loads(yoco("billing", "dispute", "list", "--json"))
+    assert rows[0]["reason"] == reason

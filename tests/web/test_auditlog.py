@@ -26,6 +26,12 @@ def test_customer_downloads_own_log_and_it_verifies(client_for, seed, seeded, tm
     assert r.status_code == 200, r.text[:300]
     assert r.headers["content-type"] == "application/gzip"
     assert int(r.headers["x-yoco-tree-size"]) == seed.sizes["C-A"]
+    # The procedure (docs/audit.md): the archive as downloaded, never unpacked ...
+    archive = tmp_path / "C-A-log.tar.gz"
+    archive.write_bytes(r.content)
+    assert run([str(archive), "--public-key", ctx.signer.verifier_text(), "-q"]) == 0
+    assert "every check passed" in capsys.readouterr().out
+    # ... and the same files unpacked into a folder.
     log = _unpack(r.content, tmp_path / "a")
     assert (log / "checkpoint").is_file() and (log / "tile" / "entries").is_dir()
     assert run([str(log), "--public-key", ctx.signer.verifier_text(), "-q"]) == 0

@@ -17,8 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from yoco_verify import VerifyError
-from yoco_verify.logdir import VerifiedLog, load_key, open_log, read_checkpoint
+from yoco_verify.logdir import (
+    MAX_TOTAL,
+    VerifiedLog,
+    load_key,
+    open_log,
+    read_checkpoint,
+    since_text,
+)
 from yoco_verify.replay import Ledger, parse_entries, replay
+from yoco_verify.shared.yoco_records.textsafe import safe_text
 
 __all__ = ["main"]
 
@@ -35,15 +43,20 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Examples:\n"
-            "  yoco-verify LOG_DIR --public-key key.txt\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --report yoco-sla-C-1-2026-03.pdf\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --mine my-failures.csv\n"
-            "  yoco-verify LOG_DIR --public-key key.txt --since old/checkpoint\n"
+            "  yoco-verify C-1-log-812.tar.gz --public-key key.txt\n"
+            "  yoco-verify C-1-log-812.tar.gz -k key.txt --report yoco-sla-C-1-2026-03.pdf\n"
+            "  yoco-verify C-1-log-812.tar.gz -k key.txt --mine my-failures.csv\n"
+            "  yoco-verify C-1-log-900.tar.gz -k key.txt --since C-1-log-812.tar.gz\n"
             "Exit 0 only when every check passes and every figure matches."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("log_dir", type=Path, help="the exported log (holds checkpoint and tile/)")
+    p.add_argument(
+        "log",
+        type=Path,
+        help="the downloaded export: the .tar.gz as downloaded (read in memory, never "
+        "unpacked), or a folder holding checkpoint and tile/",
+    )
     p.add_argument(
         "--public-key",
         "-k",
@@ -77,8 +90,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quorum", type=int, default=None,
                    help="how many of the --witness-key witnesses must have cosigned "
                    "(default: all)")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=MAX_TOTAL,
+        help=f"refuse an export holding more than this many bytes (default {MAX_TOTAL})",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
     return p
+
+
+def say(msg: str) -> None:
+    """Print one line of output; every line may quote stored text (a reason, a job id),
+    so each goes through the one neutraliser of control and bidi characters."""
+    print(safe_text(msg))
 
 
 class _Out:
@@ -88,11 +113,11 @@ class _Out:
 
     def ok(self, msg: str) -> None:
         if not self.quiet:
-            print(msg)
+            say(msg)
 
     def bad(self, msg: str) -> None:
         self.failed += 1
-        print(msg)
+        say(msg)
 
 
 def _progress(stage: str, done: int, total: int) -> None:
@@ -104,14 +129,31 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
     from yoco_verify.figures import recompute
-    from yoco_verify.report import check_visible, read_report
+    from yoco_verify.report import (
+        check_visible,
+        entry_disagrees,
+        file_digest,
+        issued_entry,
+        read_report,
+    )
 
+    # First the exact bytes (even of a file that no longer parses): any change anywhere.
+    digest = file_digest(path)
+    entry: dict[str, Any] | None = None
+    try:
+        seq, entry = issued_entry(digest, led.bodies)
+    except VerifyError as exc:
+        out.bad(f"report {path.name}: issued: {exc}")
     rep = read_report(path)
     b = rep.block
     out.ok(
         f"report {path.name}: {b.get('contract_id')} {b.get('month')}, "
         f"checkpoint {b.get('tree_size')}"
     )
+    if entry is not None:
+        out.ok(f"  issued: its SHA-256 {digest} is recorded by report entry {seq}")
+        for problem in entry_disagrees(entry, b):
+            out.bad(f"  issued: {problem}")
     size = b.get("tree_size")
     if not isinstance(size, int) or not 0 < size <= log.size:
         out.bad(
@@ -187,7 +229,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         key = load_key(args.public_key)
         t0 = time.monotonic()
-        log = open_log(args.log_dir, key, progress=_progress)
+        log = open_log(args.log, key, progress=_progress, max_bytes=args.max_bytes)
         bodies = parse_entries(log.entries)
         led = replay(bodies)
         out.ok(
@@ -203,8 +245,9 @@ def run(argv: Sequence[str] | None = None) -> int:
                 raise VerifyError(str(exc)) from None
             out.ok(f"checkpoint cosigned by {len(names)} witness(es) you trust: "
                    f"{', '.join(names) or 'none needed'}")
-        if any(b.get("contract_id") not in (None, led.contract.contract_id) for b in bodies):
-            out.bad("log: it holds entries of another contract")
+        cid = led.contract.contract_id
+        if log.origin.rsplit("/", 1)[-1] != cid:
+            out.bad(f"log: the checkpoint's origin {log.origin!r} is not contract {cid!r}'s log")
         for path in args.report:
             try:
                 _check_report(path, log, led, out)
@@ -221,12 +264,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         if args.since is not None:
             from yoco_verify.diff import changes_since, check_consistency, reported_changes
 
-            src = args.since / "checkpoint" if args.since.is_dir() else args.since
-            try:
-                text = src.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise VerifyError(f"--since: cannot read {src}: {exc}") from None
-            old = read_checkpoint(text, key, "older checkpoint")
+            old = read_checkpoint(since_text(args.since), key, "older checkpoint")
             check_consistency(log, old)
             out.ok(
                 f"since checkpoint {old.size}: this log of {log.size} entries extends it "
@@ -234,24 +272,24 @@ def run(argv: Sequence[str] | None = None) -> int:
             )
             kinds, changes = changes_since(led, old.size)
             listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
-            print(f"  appended since: {listed}")
+            say(f"  appended since: {listed}")
             for c in changes:
-                print(f"  entry {c.seq} {c.kind}: {c.message}")
+                say(f"  entry {c.seq} {c.kind}: {c.message}")
             fixes = reported_changes(led, old.size)
             for fc in fixes:
-                print(
+                say(
                     f"  report {fc.month} (checkpoint {fc.report_size}): {fc.figure} "
                     f"({fc.period}) was {fc.was!r}, the entries now give {fc.now!r}"
                 )
             if not fixes:
-                print("  no figure of a report issued under the older checkpoint changed")
+                say("  no figure of a report issued under the older checkpoint changed")
     except VerifyError as exc:
-        print(f"FAILED: {exc}")
+        say(f"FAILED: {exc}")
         return 1
     if out.failed:
-        print(f"FAILED: {out.failed} problem(s)")
+        say(f"FAILED: {out.failed} problem(s)")
         return 1
-    print("OK: every check passed and every figure matches")
+    say("OK: every check passed and every figure matches")
     return 0
 
 

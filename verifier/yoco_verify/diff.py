@@ -13,11 +13,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import merkle, note
-from ledger.errors import ProofError
 from yoco_verify import VerifyError
 from yoco_verify.logdir import VerifiedLog
 from yoco_verify.replay import Ledger
+from yoco_verify.shared.ledger import merkle, note
+from yoco_verify.shared.ledger.errors import ProofError
 
 __all__ = ["Change", "FigureChange", "changes_since", "check_consistency", "reported_changes"]
 

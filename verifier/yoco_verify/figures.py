@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from billing import display, sla
-from billing.inforce import InForce, in_force
-from billing.money import credit_minor_units, format_minor
-from billing.years import contract_year_bounds, month_bounds, year_of
 from yoco_verify import VerifyError
 from yoco_verify.replay import Ledger
+from yoco_verify.shared.billing import display, sla
+from yoco_verify.shared.billing.inforce import InForce, in_force
+from yoco_verify.shared.billing.money import credit_minor_units, format_minor
+from yoco_verify.shared.billing.years import contract_year_bounds, month_bounds, year_of
 
 __all__ = ["Recomputed", "credit_view", "recompute"]
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from billing import sla
 from yoco_verify import VerifyError
 from yoco_verify.replay import Ledger
+from yoco_verify.shared.billing import sla
 
 __all__ = ["Finding", "Observation", "compare", "read_observations"]
 

@@ -15,11 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
-from billing import sla
-from ledger.records import ContractSpec, contract_from_record
 from yoco_verify import VerifyError
+from yoco_verify.shared.billing import sla
+from yoco_verify.shared.ledger.records import ContractSpec, contract_from_record
+from yoco_verify.shared.yoco_records.canonical import (
+    CanonicalizationError,
+    JsonInputError,
+    canonical_bytes,
+    parse_json_strict,
+)
 
 __all__ = [
     "Amendment",
@@ -102,28 +108,71 @@ def parse_entry(data: bytes, seq: int) -> dict[str, Any]:
     return body
 
 
-_PROGRESS = b'"kind":"job_progress"'
+def _refuse_entry(seq: int, data: bytes) -> NoReturn:
+    """Say why entry ``seq`` is not canonical JSON (strict parse first: a key twice)."""
+    try:
+        value = parse_json_strict(data)
+    except JsonInputError as exc:
+        raise VerifyError(f"entry {seq}: not strict JSON: {exc}") from None
+    try:
+        canonical_bytes(value)
+    except CanonicalizationError as exc:
+        raise VerifyError(f"entry {seq}: has no canonical form: {exc}") from None
+    raise VerifyError(
+        f"entry {seq}: its bytes are not its RFC 8785 canonical form (the ledger writes "
+        "every entry canonical; these were re-encoded or altered)"
+    )
 
 
 def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
-    """Every entry parsed, in order, with one shortcut: a flat ``job_progress`` entry (no
-    figure reads progress records) becomes ``{"kind": "job_progress"}`` without a full
-    JSON parse.  Safe: inside a canonical JSON string a quote is always escaped, so the
-    unescaped bytes ``"kind":"job_progress"`` in an object with no nested object can
-    only be its own top-level kind.  Its bytes are still hashed and checked like every
-    entry's, and it must name the log's contract (else it is parsed in full)."""
+    """Every entry parsed, in order, each held to the ledger's own rules first.
+
+    An entry must be strict JSON (RFC 8259 with no key twice in an object, at any depth)
+    and byte for byte its own RFC 8785 canonical form; its ``event_id`` must be no earlier
+    entry's (a second ``failure`` reusing an old one's id would silently replace it); and
+    it must name the log's contract (entry 0's) when it names one.  :class:`VerifyError`
+    names the first entry that breaks a rule.  A ``job_progress`` entry (no figure reads
+    progress records) becomes ``{"kind": "job_progress", "contract_id": ...}``.
+    """
     out: list[dict[str, Any]] = []
-    mine = b"\x00"  # the contract's own id, once entry 0 is read
     cid: Any = None
+    seen: dict[str, int] = {}
     for seq, data in enumerate(entries):
-        if _PROGRESS in data and mine in data and data.count(b"{") == 1:
+        # One plain parse and one canonical encoding per entry: equal bytes prove the
+        # entry canonical, and so also free of a key twice (the parse would keep one of
+        # them and the bytes would differ), of numbers JSON cannot carry exactly and of
+        # lone surrogates (neither has a canonical form).  Only an entry that fails is
+        # parsed strictly, to say why.
+        try:
+            strict = json.loads(data)
+            canonical = canonical_bytes(strict)
+        except (ValueError, CanonicalizationError, RecursionError):
+            strict, canonical = None, b""
+        if canonical != bytes(data):
+            _refuse_entry(seq, data)
+        if not isinstance(strict, dict) or "kind" not in strict:
+            raise VerifyError(f"entry {seq}: not a ledger entry (no kind)")
+        eid = strict.get("event_id")
+        if eid is not None:
+            if not isinstance(eid, str):
+                raise VerifyError(f"entry {seq}: event_id {eid!r} is not a string")
+            if eid in seen:
+                raise VerifyError(
+                    f"entry {seq} ({strict['kind']}): event id {eid} is already entry "
+                    f"{seen[eid]}'s (an id names one event; a second entry may not reuse it)"
+                )
+            seen[eid] = seq
+        if seq == 0:
+            cid = strict.get("contract_id")
+        elif strict.get("contract_id", cid) != cid:
+            raise VerifyError(
+                f"entry {seq} ({strict['kind']}): of contract {strict.get('contract_id')!r}, "
+                f"in the log of contract {cid!r}"
+            )
+        if strict["kind"] == "job_progress":
             out.append({"kind": "job_progress", "contract_id": cid})
         else:
             out.append(parse_entry(data, seq))
-            if seq == 0:
-                cid = out[0].get("contract_id")
-                # followed by a comma: "C-1" must not match "C-10"
-                mine = b'"contract_id":' + json.dumps(cid, ensure_ascii=False).encode() + b","
     return out
 
 

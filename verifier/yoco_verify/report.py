@@ -10,8 +10,10 @@ values of every figure of the block's table, in order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -19,7 +21,15 @@ from typing import Any
 
 from yoco_verify import VerifyError
 
-__all__ = ["FIGURES_FORMAT", "Report", "check_visible", "read_report"]
+__all__ = [
+    "FIGURES_FORMAT",
+    "Report",
+    "check_visible",
+    "entry_disagrees",
+    "file_digest",
+    "issued_entry",
+    "read_report",
+]
 
 FIGURES_FORMAT = "yoco-report-figures/v1"
 FIGURES_ID = "yoco-report-figures"
@@ -29,11 +39,13 @@ _WS = re.compile(r"\s+")
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """A report's figures block and its visible text (white space collapsed)."""
+    """A report's figures block, its visible text (white space collapsed) and the
+    SHA-256 of its exact bytes (hex), the digest its ``report`` entry records."""
 
     path: Path
     block: dict[str, Any]
     text: str
+    sha256: str
 
 
 class _Html(HTMLParser):
@@ -83,6 +95,14 @@ def _parse_block(raw: str | bytes, path: Path) -> dict[str, Any]:
     return block
 
 
+def file_digest(path: Path) -> str:
+    """The SHA-256 (hex) of the file's exact bytes; :class:`VerifyError` if unreadable."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise VerifyError(f"{path}: cannot read: {exc}") from None
+
+
 def read_report(path: Path) -> Report:
     """Read ``path`` (``.html`` or ``.pdf``, by its first bytes); :class:`VerifyError` when
     it has no figures block or cannot be read."""
@@ -91,8 +111,9 @@ def read_report(path: Path) -> Report:
         data = path.read_bytes()
     except OSError as exc:
         raise VerifyError(f"{path}: cannot read: {exc}") from None
+    digest = hashlib.sha256(data).hexdigest()
     if data.startswith(b"%PDF"):
-        return _read_pdf(path, data)
+        return _read_pdf(path, data, digest)
     try:
         html = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -105,10 +126,11 @@ def read_report(path: Path) -> Report:
             f"{path.name}: expected exactly one figures block "
             f'(<script id="{FIGURES_ID}">), found {parser.blocks}'
         )
-    return Report(path, _parse_block("".join(parser.block), path), _norm("".join(parser.text)))
+    block = _parse_block("".join(parser.block), path)
+    return Report(path, block, _norm("".join(parser.text)), digest)
 
 
-def _read_pdf(path: Path, data: bytes) -> Report:
+def _read_pdf(path: Path, data: bytes, digest: str) -> Report:
     import io
 
     try:
@@ -124,7 +146,7 @@ def _read_pdf(path: Path, data: bytes) -> Report:
             f"{path.name}: expected exactly one attached {FIGURES_ATTACHMENT}, "
             f"found {len(attached or [])}"
         )
-    return Report(path, _parse_block(attached[0], path), _norm(text))
+    return Report(path, _parse_block(attached[0], path), _norm(text), digest)
 
 
 def _occurrences(text: str, needle: str, start: int) -> list[int]:
@@ -168,3 +190,36 @@ def check_visible(report: Report) -> list[str]:
             f"the figures block says {mv + ' ' + yv!r}"
         )
     return problems
+
+
+def issued_entry(digest: str, bodies: Sequence[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """The ``report`` entry (its number and body) whose ``html_sha256`` or ``pdf_sha256``
+    is ``digest``, the SHA-256 (hex) of a report file's exact bytes.
+
+    The digest covers every byte (page, banner, chart, style, a PDF's drawing), so a
+    report is accepted only as it was issued.  :class:`VerifyError` when no entry of the
+    log records these bytes.
+    """
+    for seq, b in enumerate(bodies):
+        if b.get("kind") == "report" and digest in (b.get("html_sha256"), b.get("pdf_sha256")):
+            return seq, b
+    raise VerifyError(
+        f"SHA-256 {digest} is recorded by no report entry of this log: these are not the "
+        "bytes of a report the operator issued (a byte of the file was changed, or it was "
+        "never issued)"
+    )
+
+
+def entry_disagrees(entry: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    """Where a ``report`` entry and the figures block of the bytes it records disagree on
+    the month or the checkpoint (an empty list when they agree)."""
+    return [
+        f"the report entry says {mine} {entry.get(mine)!r}, its figures block says "
+        f"{theirs} {block.get(theirs)!r}"
+        for mine, theirs in (
+            ("month", "month"),
+            ("checkpoint_tree_size", "tree_size"),
+            ("checkpoint_root_hash", "root_hash"),
+        )
+        if entry.get(mine) != block.get(theirs)
+    ]

@@ -48,9 +48,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
 
-from ledger import merkle, note
-from ledger.cosign import SIZE_MEDIA_TYPE, Cosigner, parse_add_checkpoint, signature_lines
-from ledger.errors import NoteError, ProofError
+from yoco_verify.shared.ledger import merkle, note
+from yoco_verify.shared.ledger.cosign import (
+    SIZE_MEDIA_TYPE,
+    Cosigner,
+    parse_add_checkpoint,
+    signature_lines,
+)
+from yoco_verify.shared.ledger.errors import NoteError, ProofError
 
 __all__ = ["Answer", "LogKeys", "Witness", "WitnessState", "generate_key", "run", "serve"]
 
@@ -373,8 +378,8 @@ def require_cosignatures(signed: str, keys: Sequence[str], quorum: int | None) -
     ``quorum`` (default: all) of the witness ``keys`` (key texts or files holding one);
     return the names of the witnesses that cosigned. Raises ``VerifyError`` naming the
     missing ones when the policy is not met, and ``ValueError`` on a bad key or quorum."""
-    from ledger.cosign import CosignerKey, cosignatures
     from yoco_verify import VerifyError
+    from yoco_verify.shared.ledger.cosign import CosignerKey, cosignatures
 
     parsed = []
     for k in keys:

@@ -1,0 +1,1 @@
+"""Copies of the yoco modules the verifier needs (see scripts/vendor_verifier.py)."""

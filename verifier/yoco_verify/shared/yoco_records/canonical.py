@@ -1,0 +1,469 @@
+# A copy of yoco_records/canonical.py, written by scripts/vendor_verifier.py: edit the original and
+# rerun the script (tests/audit/test_vendored.py holds this copy equal to it).
+"""Strict JSON input and RFC 8785 canonical bytes.
+
+Everything that enters the ledger goes through :func:`parse_json_strict` (so the data is
+exactly what standard JSON can carry, with no ambiguity) and is stored and hashed as
+:func:`canonical_bytes` (RFC 8785, JSON Canonicalization Scheme).
+
+Numbers: JSON integers come back as ``int`` and must lie in ±(2**53 − 1), the range in
+which an IEEE 754 double is exact, so every conforming JSON reader sees the same value.
+Every other number (a fraction or an exponent, even ``1.0`` or ``1e2``) comes back as
+``float``; RFC 8785 writes a float in its shortest round-trip form, so ``1.0`` and ``1e2``
+are canonicalised as ``1`` and ``100``. Because of that, floats from 2**53 up to 1e21 in
+magnitude are refused too (``1e16`` would be canonicalised as the out-of-range integer
+``10000000000000000``): canonical bytes always parse back strictly to the same bytes.
+:func:`decimal_of` gives the exact decimal value of such a number, digit for digit the
+canonical text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from decimal import Decimal
+from json.encoder import encode_basestring as _quote
+from typing import Any
+
+import rfc8785
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "CanonicalizationError",
+    "JsonInputError",
+    "canonical_bytes",
+    "decimal_of",
+    "format_path",
+    "parse_json_strict",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+"""Largest integer magnitude accepted in JSON input and canonical output."""
+
+PathPart = str | int
+
+# Floats from 2**53 up to (not including) 1e21 are written by RFC 8785 as plain integers
+# ("10000000000000000"), which a strict reader then refuses as out of range: they are
+# refused on the way in and on the way out, so canonical bytes always parse back.
+_INEXACT_LOW = float(2**53)
+_INEXACT_HIGH = 1e21
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A JSON \u escape of a UTF-16 surrogate (the only way a JSON text can smuggle a lone
+# surrogate into a Python str). Matches are only a hint; the strings are then checked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def format_path(parts: tuple[PathPart, ...] | list[PathPart], root: str = "$") -> str:
+    """Return the JSON path of ``parts`` below ``root``.
+
+    Promises: ``("terms", "covered_classes", 1)`` -> ``$.terms.covered_classes[1]``; keys
+    that are not plain identifiers are written as ``["a key"]`` (JSON-quoted); with
+    ``root=""`` the leading ``$`` is left out and a leading ``.`` dropped (``gpus``,
+    ``[3].gpus``).
+    """
+    out = [root]
+    for part in parts:
+        if isinstance(part, int):
+            out.append(f"[{part}]")
+        elif _IDENT.fullmatch(part):
+            out.append(f".{part}")
+        else:
+            out.append(f"[{json.dumps(part, ensure_ascii=False)}]")
+    text = "".join(out)
+    if not root and text.startswith("."):
+        text = text[1:]
+    return text
+
+
+class JsonInputError(ValueError):
+    """Input that is not strict JSON.
+
+    ``message`` says what is wrong, ``path`` is the JSON path where it is (``$.gpus``,
+    ``$[2].terms``) or ``None`` when the text cannot be parsed that far (then ``line`` and
+    ``column``, 1-based, give the position in the text where known). ``parts`` is the path
+    as a tuple of keys and indexes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        path: str | None = None,
+        *,
+        parts: tuple[PathPart, ...] | None = None,
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
+        super().__init__(message, path)
+        self.message = message
+        self.path = path
+        self.parts = parts
+        self.line = line
+        self.column = column
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return f"{self.path}: {self.message}"
+        if self.line is not None:
+            return f"{self.message} at line {self.line} column {self.column}"
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_json_error,
+            (self.message, self.path, self.parts, self.line, self.column),
+        )
+
+
+def _rebuild_json_error(
+    message: str,
+    path: str | None,
+    parts: tuple[PathPart, ...] | None,
+    line: int | None,
+    column: int | None,
+) -> JsonInputError:
+    return JsonInputError(message, path, parts=parts, line=line, column=column)
+
+
+class CanonicalizationError(ValueError):
+    """A value that RFC 8785 cannot represent (``path`` names where, e.g. ``$.a[0]``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message, path)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return f"{self.path}: {self.message}"
+        return self.message
+
+
+class _Bad:
+    """Placeholder the parse hooks leave where the input holds something refused."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _BadObject(dict[str, Any]):
+    """An object with a duplicate key; the error belongs at ``key`` inside it."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+def _walk(root: Any) -> Any:
+    """Yield ``(parts, value)`` depth first, in document order, without recursion."""
+    stack: list[tuple[tuple[PathPart, ...], Any]] = [((), root)]
+    while stack:
+        parts, value = stack.pop()
+        yield parts, value
+        children: list[tuple[tuple[PathPart, ...], Any]] = []
+        if isinstance(value, dict):
+            children = [((*parts, k), v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            children = [((*parts, i), v) for i, v in enumerate(value)]
+        stack.extend(reversed(children))
+
+
+def _raise_at(parts: tuple[PathPart, ...], message: str) -> None:
+    raise JsonInputError(message, format_path(parts), parts=parts)
+
+
+def _not_utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def parse_json_strict(text: str | bytes) -> Any:
+    """Parse one JSON text (RFC 8259) strictly and return its value.
+
+    Promises: objects come back as ``dict`` (keys in document order), arrays as ``list``,
+    JSON integers as ``int`` and all other numbers as ``float``. Raises
+    :class:`JsonInputError` (naming the JSON path where there is one) for: bytes that are
+    not UTF-8 (a byte order mark included), lone UTF-16 surrogates (``"\\ud800"``),
+    syntax errors and anything after the value but whitespace, a key that appears twice
+    in one object (at any depth), ``NaN``/``Infinity``/``-Infinity``, integers outside
+    ±(2**53 − 1), other numbers from 2**53 up to 1e21 in magnitude (RFC 8785 would write
+    them as such integers), numbers too large for a double, and nesting too deep to parse.
+    Everything this returns can be passed to :func:`canonical_bytes`.
+    """
+    if isinstance(text, bytes | bytearray | memoryview):
+        raw = bytes(text)
+        if raw.startswith(b"\xef\xbb\xbf"):
+            raise JsonInputError("byte order mark not allowed: JSON text must start at byte 0")
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonInputError(f"invalid UTF-8 at byte {exc.start}") from None
+    elif isinstance(text, str):
+        s = text
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise JsonInputError(
+                f"text holds a character that is not valid Unicode at offset {exc.start}"
+            ) from None
+        if s.startswith("\ufeff"):
+            raise JsonInputError("byte order mark not allowed: JSON text must start at byte 0")
+    else:
+        raise TypeError(f"parse_json_strict needs str or bytes, not {type(text).__name__}")
+
+    found_bad = False
+
+    def on_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal found_bad
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    found_bad = True
+                    return _BadObject(pairs, key)
+                seen.add(key)
+        return obj
+
+    def on_int(digits: str) -> int | _Bad:
+        nonlocal found_bad
+        if len(digits.lstrip("-")) <= 16:
+            value = int(digits)
+            if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+                return value
+        found_bad = True
+        return _Bad(f"integer {_clip(digits)} is outside ±(2^53−1), the exact range of JSON")
+
+    def on_float(digits: str) -> float | _Bad:
+        nonlocal found_bad
+        value = float(digits)
+        if math.isinf(value):
+            found_bad = True
+            return _Bad(f"number {_clip(digits)} is too large for a double")
+        if _INEXACT_LOW <= abs(value) < _INEXACT_HIGH:
+            found_bad = True
+            return _Bad(
+                f"number {_clip(digits)} is beyond ±(2^53−1): its canonical form would be an "
+                "integer outside the exact range of JSON"
+            )
+        return value
+
+    def on_constant(name: str) -> _Bad:
+        nonlocal found_bad
+        found_bad = True
+        return _Bad(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(
+            s,
+            object_pairs_hook=on_pairs,
+            parse_int=on_int,
+            parse_float=on_float,
+            parse_constant=on_constant,
+        )
+    except json.JSONDecodeError as exc:
+        # Some of Python's messages end in "at" ("Unterminated string starting at"),
+        # written for its own ": line 1 column 7 (char 6)"; the position is added by
+        # whoever reports this error ("... at column 7"), so the "at" goes here, or the
+        # words would read "starting at at column 7".
+        raise JsonInputError(
+            f"invalid JSON: {exc.msg.removesuffix(' at')}", line=exc.lineno, column=exc.colno
+        ) from None
+    except RecursionError:
+        raise JsonInputError("invalid JSON: nesting too deep") from None
+
+    check_strings = _SURROGATE_ESCAPE.search(s) is not None
+    if found_bad or check_strings:
+        for parts, item in _walk(value):
+            if isinstance(item, _BadObject):
+                _raise_at((*parts, item.key), f"duplicate key {item.key!r}")
+            if isinstance(item, _Bad):
+                _raise_at(parts, item.message)
+            if check_strings:
+                if isinstance(item, str) and _not_utf8(item):
+                    _raise_at(parts, "string holds a lone UTF-16 surrogate (not valid Unicode)")
+                if isinstance(item, dict):
+                    for key in item:
+                        if _not_utf8(key):
+                            _raise_at(
+                                (*parts, key),
+                                "key holds a lone UTF-16 surrogate (not valid Unicode)",
+                            )
+    return value
+
+
+def _clip(digits: str) -> str:
+    return digits if len(digits) <= 40 else digits[:20] + "…" + digits[-10:]
+
+
+def _unrepresentable(value: Any) -> str | None:
+    """Why ``value`` (a scalar or container) cannot be canonicalised, or ``None``."""
+    if value is None or isinstance(value, bool | str):
+        if isinstance(value, str) and _not_utf8(value):
+            return "string holds a lone UTF-16 surrogate (not valid Unicode)"
+        return None
+    if isinstance(value, int):
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return None
+        return f"integer {value} is outside ±(2^53−1)"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{value} is not representable in JSON"
+        if _INEXACT_LOW <= abs(value) < _INEXACT_HIGH:
+            return f"{value!r} is an integer beyond ±(2^53−1) once canonicalised"
+        return None
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                return f"object key {key!r} is not a string"
+        return None
+    if isinstance(value, list | tuple):
+        return None
+    return f"unsupported type {type(value).__name__} (only JSON types can be canonicalised)"
+
+
+class _Slow(Exception):
+    """The fast serialiser met something it leaves to the reference implementation."""
+
+
+#: A string as RFC 8785 writes it: quoted, with JSON's minimal escapes (the standard
+#: library's C encoder; the tests hold the whole encoding equal to the rfc8785 package).
+quote = _quote
+
+
+def ecma_float(value: float) -> str:
+    """ECMAScript Number.prototype.toString of a finite float (RFC 8785 section 3.2.2.3).
+
+    Python's ``repr`` gives the shortest round-trip digits, as ECMAScript requires; only
+    the layout (where the point goes, when to use an exponent) differs.
+    """
+    if value == 0:
+        return "0"
+    text = repr(value)
+    if "e" not in text:
+        # Positional already (1e-4 <= |value| < 1e16): the same shortest digits laid out
+        # as ECMAScript does, but for Python's ".0" on integral values.
+        return text[:-2] if text.endswith(".0") else text
+    if value < 0:
+        return "-" + ecma_float(-value)
+    mantissa, _, exp = text.partition("e")
+    point = mantissa.find(".")
+    if point < 0:
+        point = len(mantissa)
+    digits = mantissa.replace(".", "")
+    n = point + (int(exp) if exp else 0)
+    stripped = digits.lstrip("0")
+    n -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    e = n - 1
+    sign = "+" if e > 0 else "-"
+    head = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{head}e{sign}{abs(e)}"
+
+
+def _jcs(obj: Any) -> str:
+    """RFC 8785 text of plain JSON values; raises _Slow for anything unusual."""
+    kind = type(obj)
+    if kind is str:
+        return _quote(obj)
+    if kind is dict:
+        keys = list(obj)
+        for key in keys:
+            # Code point order equals UTF-16 order for ASCII keys; others go the slow way.
+            if type(key) is not str or not key.isascii():
+                raise _Slow
+        keys.sort()
+        # Strings and safe integers inline: records are flat objects of them, and a call
+        # per value was a third of the canonicalisation time. Anything else recurses.
+        parts = []
+        for key in keys:
+            value = obj[key]
+            vt = type(value)
+            if vt is str:
+                parts.append(_quote(key) + ":" + _quote(value))
+            elif vt is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+                parts.append(_quote(key) + ":" + int.__repr__(value))
+            else:
+                parts.append(_quote(key) + ":" + _jcs(value))
+        return "{" + ",".join(parts) + "}"
+    if kind is int:
+        if -MAX_SAFE_INTEGER <= obj <= MAX_SAFE_INTEGER:
+            return int.__repr__(obj)
+        raise _Slow
+    if kind is list:
+        return "[" + ",".join([_jcs(item) for item in obj]) + "]"
+    if obj is None:
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
+    if kind is float and math.isfinite(obj) and not _INEXACT_LOW <= abs(obj) < _INEXACT_HIGH:
+        return ecma_float(obj)
+    raise _Slow
+
+
+def canonical_bytes(obj: Any) -> bytes:
+    """Return the RFC 8785 (JCS) canonical UTF-8 bytes of ``obj``.
+
+    Promises: keys sorted by their UTF-16 code units, no whitespace, strings with the
+    minimal escapes, integers written as is, floats in the ECMAScript shortest round-trip
+    form (``1.0`` -> ``1``, ``100.0`` -> ``100``, ``1e21`` -> ``1e+21``, ``-0.0`` -> ``0``);
+    equal JSON values give equal bytes, and the bytes are accepted by
+    :func:`parse_json_strict`. Accepts ``None``, ``bool``, ``int``, ``float``, ``str``,
+    ``list``/``tuple`` and ``dict`` with ``str`` keys; raises :class:`CanonicalizationError`
+    naming the JSON path for anything else: integers outside ±(2**53 − 1), floats from
+    2**53 up to 1e21 in magnitude (JCS writes them as integers beyond that range), NaN and
+    infinities, non-string keys, lone surrogates, other types (``Decimal``, ``datetime``,
+    sets...).
+    """
+    try:
+        # Fast path for plain JSON values (what parse_json_strict returns); the tests hold
+        # it byte-equal to the rfc8785 package, which does everything else.
+        return _jcs(obj).encode("utf-8")
+    except (_Slow, UnicodeEncodeError, RecursionError):
+        pass
+    try:
+        for parts, item in _walk(obj):
+            reason = _unrepresentable(item)
+            if reason is not None:
+                raise CanonicalizationError(reason, format_path(parts))
+        return rfc8785.dumps(obj)
+    except RecursionError:
+        raise CanonicalizationError("value nested too deeply") from None
+    except rfc8785.CanonicalizationError as exc:
+        raise CanonicalizationError(str(exc)) from None
+
+
+def decimal_of(number: int | float) -> Decimal:
+    """Return the exact decimal value of a JSON number as the ledger stores it.
+
+    Promises: for an ``int``, ``Decimal(number)``; for a finite ``float``, the decimal
+    written by its RFC 8785 canonical text (the shortest round-trip digits, so
+    ``decimal_of(0.1) == Decimal("0.1")``, ``decimal_of(2.50) == Decimal("2.5")``,
+    ``decimal_of(1.0) == Decimal("1")``) -- never the binary expansion. Raises
+    ``TypeError`` for ``bool`` and non-numbers, ``ValueError`` for NaN and infinities.
+    """
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise TypeError(f"decimal_of needs an int or float, not {type(number).__name__}")
+    if isinstance(number, int):
+        return Decimal(number)
+    if not math.isfinite(number):
+        raise ValueError(f"{number} is not a finite number")
+    if not _INEXACT_LOW <= abs(number) < _INEXACT_HIGH:
+        # The canonical fast path's layout (held equal to rfc8785's by the tests).
+        return Decimal(ecma_float(number))
+    return Decimal(rfc8785.dumps(number).decode("ascii"))
