@@ -30,6 +30,7 @@ __all__ = [
     "Verdict",
     "format_number",
     "format_percent",
+    "format_probability",
     "format_rate",
     "format_seconds",
     "rate_percent",
@@ -277,6 +278,29 @@ def format_percent(fraction: Decimal | Fraction | int | None, places: int = 2) -
     if isinstance(fraction, float):
         raise ValueError("format_percent: floats are not accepted")
     return f"{_fixed(_round_half_even(Fraction(fraction) * 100, places), places)} %"
+
+
+def format_probability(p: float | Decimal | Fraction | None, places: int = 2) -> str:
+    """A model's probability (a forecast's chance of missing) as a percentage, on every
+    surface alike: ``"21.60 %"``; ``"< 0.01 %"`` / ``"> 99.99 %"`` for a chance that is
+    neither nil nor certain but rounds to 0 or 100 (so a page never says "0.00 % chance"
+    beside an expected credit above zero); ``"—"`` for None.
+
+    A float is read through its shortest decimal text (``repr``): a probability is an
+    estimate, and this is its one formatter.
+    """
+    if p is None:
+        return "—"
+    exact = Fraction(Decimal(repr(p))) if isinstance(p, float) else Fraction(p)
+    if exact < 0 or exact > 1:
+        raise ValueError(f"format_probability: {p!r} is not a probability")
+    text = format_percent(exact, places)
+    least = Fraction(1, 10**places)  # the smallest step shown, in percent
+    if exact > 0 and text == format_percent(0, places):
+        return f"< {_fixed(least, places)} %"
+    if exact < 1 and text == format_percent(1, places):
+        return f"> {_fixed(100 - least, places)} %"
+    return text
 
 
 def format_number(value: Decimal | Fraction | int | None, places: int = 0) -> str:

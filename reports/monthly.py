@@ -46,6 +46,7 @@ from billing.display import money_text as _money
 from billing.display import plain as _plain
 from billing.display import rate_text as _rate
 from billing.terms import Terms
+from billing.verdict import format_probability
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
@@ -423,10 +424,11 @@ def _forecast_text(
     fc = build_forecast(contract=contract, terms=terms, year=k, figures=ytd, until=until,
                         previous=previous, jobs=recs.records.jobs)
     return (
-        f"{fc.p_miss * 100:.1f} % chance that contract year {k} ends below "
+        f"{format_probability(fc.p_miss)} chance that contract year {k} ends below "
         f"{format(terms.threshold_percent, 'f')} % (expected credit "
         f"{_money(fc.expected_credit, contract.currency)}), forecast from the year up to "
-        f"{_utc(until)} — an estimate (docs/risk.md), not the verdict"
+        f"{_utc(until)} — an estimate from the year so far and published failure rates, "
+        "not the verdict"
     )
 
 

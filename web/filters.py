@@ -18,7 +18,13 @@ from jinja2 import Environment
 from markupsafe import Markup, escape
 
 from billing.money import format_money
-from billing.verdict import format_number, format_percent, format_rate, format_seconds
+from billing.verdict import (
+    format_number,
+    format_percent,
+    format_probability,
+    format_rate,
+    format_seconds,
+)
 from web.views import MonthFigures, month_verdict
 
 
@@ -31,6 +37,11 @@ def _exact(value: Decimal | float | int | None) -> Decimal | int | None:
 def pct(value: Decimal | float | None, places: int = 2) -> str:
     """A share (0.934) as a percentage ("93.40 %"); "—" for None (billing's formatter)."""
     return format_percent(_exact(value), places)
+
+
+def chance(value: Decimal | float | None) -> str:
+    """A forecast's probability: ``21.60 %``, ``< 0.01 %`` (billing's one formatter)."""
+    return format_probability(value)
 
 
 def num(value: Decimal | float | int | None, places: int = 0) -> str:
@@ -95,8 +106,8 @@ def codespans(text: str | None) -> Markup:
 def install(env: Environment) -> None:
     """Register the portal's filters on a Jinja environment."""
     env.filters.update(
-        pct=pct, num=num, when=when, day=day, label=label, gpu_hours=gpu_hours, secs=secs,
-        money=money, codespans=codespans,
+        pct=pct, chance=chance, num=num, when=when, day=day, label=label,
+        gpu_hours=gpu_hours, secs=secs, money=money, codespans=codespans,
     )
     env.globals["monthly_chart"] = monthly_chart
     env.globals["month_verdict"] = month_verdict

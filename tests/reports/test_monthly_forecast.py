@@ -38,7 +38,10 @@ def test_report_shows_the_years_forecast_next_to_the_verdict(
     with Session(app_ctx.engine) as s:
         fc = forecast_contract_year(s, "C-TIP", 1, now=april)
     assert fc.ytd.covered == march.year_to_date.covered_failures == 21
-    assert line.startswith(f"Forecast: {fc.p_miss * 100:.1f} % chance")
+    # The dashboard's formatter (billing.verdict.format_probability): one text everywhere.
+    from billing.verdict import format_probability
+
+    assert line.startswith(f"Forecast: {format_probability(fc.p_miss)} chance")
     assert "expected credit" in line and "USD" in line
     # Over the same checkpoint the report, forecast included, does not change.
     html2 = again.html.decode() if isinstance(again.html, bytes) else again.html
