@@ -43,10 +43,9 @@ from billing.display import credit_text as credit_words
 from billing.display import goodput_text as _goodput
 from billing.display import hours_text as _hours
 from billing.display import money_text as _money
-from billing.display import plain as _plain
 from billing.display import rate_text as _rate
 from billing.terms import Terms
-from billing.verdict import format_probability
+from billing.verdict import format_probability, format_seconds
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
@@ -337,7 +336,7 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
         "status_text": _STATUS_TEXT[row.status.value],
         "notes": notes,
         "lost_steps": str(o.lost_steps) if o else "—",
-        "recovery": _plain(o.recovery_seconds) if o else "—",
+        "recovery": format_seconds(o.recovery_seconds) if o else "—",
         "lost_hours": _hours(row.lost_gpu_seconds) if o else "—",
     }
 
