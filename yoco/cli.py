@@ -141,7 +141,10 @@ def application(*, schema: bool = True) -> Iterator[App]:
             f"{name} works on the database only; remote mode (--server) is available for "
             f"{', '.join(REMOTE_COMMANDS)}"
         )
-    ctx = App()
+    try:
+        ctx = App()
+    except ValueError as exc:  # a malformed setting (yoco.settings.SettingsError)
+        fail(str(exc))
     try:
         if schema:
             ctx.require_schema()
