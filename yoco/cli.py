@@ -771,7 +771,24 @@ def build_app() -> typer.Typer:
     if not _registered:
         _registered = True
         _register_optional()
+        _flags_show_no_type()
     return app
+
+
+def _flags_show_no_type() -> None:
+    """Help pages show no type for a flag: Typer writes ``--json <bool>`` and
+    ``-h <bool>``, which reads as if the flag took a value (it takes none)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_yoco_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._yoco_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def main() -> None:
