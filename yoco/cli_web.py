@@ -142,6 +142,8 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
 def _password(from_stdin: bool) -> str:
     if from_stdin:
         return sys.stdin.readline().rstrip("\r\n")
+    if not sys.stdin.isatty():
+        fail("no terminal to ask the password on: pipe it in with --password-stdin")
     value: str = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
     return value
 
@@ -159,11 +161,15 @@ def users_add(
     ] = False,
 ) -> None:
     """Create a portal user; the password is asked for (or read from stdin), stored as argon2id."""
-    from web.accounts import add_user, customer_exists
+    from web.accounts import add_user, check_user_fields, customer_exists
     from web.errors import WebError
     from web.security import password_hasher
     from yoco.database import unit_of_work
 
+    try:  # every flag is checked before the password is asked for
+        check_user_fields(email=email, role=role, customer=customer)
+    except WebError as exc:
+        fail(exc.message)
     password = _password(password_stdin)
     with application() as ctx:
         try:

@@ -140,3 +140,18 @@ def test_serve_workers_each_accept_their_share_and_stop_on_sigterm(yoco_env) -> 
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0
+
+
+def test_users_add_checks_its_flags_before_asking_for_a_password(yoco_env) -> None:
+    # A wrong flag is named at once; no password prompt comes first.
+    r = _yoco(["users", "add", "--email", "op@v.example", "--role", "admin"])
+    assert r.exit_code == 2 and "role must be one of" in r.output
+    assert "Password" not in r.output
+    r = _yoco(["users", "add", "--email", "not-an-address"])
+    assert r.exit_code == 2 and "is not an e-mail address" in r.output
+    assert "Password" not in r.output
+    # With no terminal to ask on (a script, CI) it says how to give one; no GetPassWarning.
+    r = _yoco(["users", "add", "--email", "op@v.example", "--role", "operator"], input="")
+    assert r.exit_code == 2 and "--password-stdin" in r.output
+    assert "Aborted" not in r.output and "Password" not in r.output
+    assert "op@v.example" not in _yoco(["users", "list"]).output
