@@ -489,9 +489,9 @@ def ledger_verify() -> None:
 
         report = _unit(ctx, run)
     out.print(
-        f"ledger verified: {report.logs} logs, {report.entries} entries, "
-        f"{report.nodes} Merkle nodes, {report.checkpoints} signed checkpoints, "
-        f"{report.projection_tables} projection tables ({report.projection_rows} rows) "
+        f"ledger verified: {report.logs:,} logs, {report.entries:,} entries, "
+        f"{report.nodes:,} Merkle nodes, {report.checkpoints:,} signed checkpoints, "
+        f"{report.projection_tables} projection tables ({report.projection_rows:,} rows) "
         "— all match"
     )
     if verifier is None:
