@@ -59,8 +59,12 @@ def serve(
         err.print(
             f"database: {redact(ctx.database.portal_url)}", highlight=False, soft_wrap=True
         )
-        err.print(f"portal on http://{host}:{port}/  (API schema: /api/openapi.json)"
-                  + (f", {workers} workers" if workers > 1 else ""), highlight=False)
+        err.print(f"starting the portal on http://{host}:{port}/"
+                  + (f" ({workers} workers)" if workers > 1 else "") + " …", highlight=False)
+        _announce_when_accepting(
+            host, port, f"portal ready on http://{host}:{port}/  (API schema: "
+            "/api/openapi.json)",
+        )
         # uvicorn handles SIGTERM gracefully, then restores the previous handler and
         # raises the signal again. With the default handler that would kill this process
         # before `application()` releases its handle on the embedded PostgreSQL; this
@@ -86,6 +90,28 @@ def serve(
         finally:
             if scheduler is not None:
                 scheduler.stop()
+
+
+def _announce_when_accepting(host: str, port: int, message: str) -> None:
+    """Print ``message`` once ``host:port`` accepts a connection (from a daemon thread):
+    the address is announced when it works, not while the workers are still starting."""
+    import socket
+    import threading
+    import time
+
+    # a wildcard address is reached through loopback
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+
+    def wait() -> None:
+        while True:
+            try:
+                with socket.create_connection((target, port), timeout=1.0):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        err.print(message, highlight=False)
+
+    threading.Thread(target=wait, name="yoco-serve-ready", daemon=True).start()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -155,3 +155,38 @@ def test_users_add_checks_its_flags_before_asking_for_a_password(yoco_env) -> No
     assert r.exit_code == 2 and "--password-stdin" in r.output
     assert "Aborted" not in r.output and "Password" not in r.output
     assert "op@v.example" not in _yoco(["users", "list"]).output
+
+
+def test_serve_announces_its_address_once_it_accepts_connections(yoco_env) -> None:
+    """'portal ready on …' is printed only once the address takes connections: a user
+    (or a script) that connects on that line is answered, never refused."""
+    import http.client
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yoco.cli", "serve", "--port", str(port),
+         "--close-due-every", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "portal ready on" in line:
+                break
+        assert any("starting the portal on" in ln for ln in seen), seen
+        assert f"portal ready on http://127.0.0.1:{port}/" in seen[-1], seen
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/login")  # at once: no retry, no wait
+        assert c.getresponse().status == 200
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
