@@ -28,6 +28,7 @@ __all__ = [
     "RATE_PLACES",
     "Standing",
     "Verdict",
+    "format_elapsed",
     "format_number",
     "format_percent",
     "format_probability",
@@ -313,6 +314,22 @@ def format_number(value: Decimal | Fraction | int | None, places: int = 0) -> st
     if isinstance(value, float):
         raise ValueError("format_number: floats are not accepted")
     return _fixed(_round_half_even(Fraction(value), places), places)
+
+
+def format_elapsed(seconds: Decimal | Fraction | int | float) -> str:
+    """How long something has waited, in the largest whole unit that fits: ``45 min``,
+    ``5 h``, ``3 days``, ``8 months`` (30-day months), ``2 years`` (365 days); ``under a
+    minute`` below that.  For ages shown to people (a failure pending since …), not for
+    figures: rounded down, so a wait is never overstated."""
+    s = int(seconds)
+    if s < 0:
+        raise ValueError(f"format_elapsed: a negative wait ({seconds!r})")
+    for size, one, many in ((365 * 86400, "year", "years"), (30 * 86400, "month", "months"),
+                            (86400, "day", "days"), (3600, "h", "h"), (60, "min", "min")):
+        if s >= size:
+            n = s // size
+            return f"{n} {one if n == 1 else many}"
+    return "under a minute"
 
 
 def format_seconds(value: Decimal | Fraction | int | None) -> str:

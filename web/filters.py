@@ -19,6 +19,7 @@ from markupsafe import Markup, escape
 
 from billing.money import format_money
 from billing.verdict import (
+    format_elapsed,
     format_number,
     format_percent,
     format_probability,
@@ -42,6 +43,13 @@ def pct(value: Decimal | float | None, places: int = 2) -> str:
 def chance(value: Decimal | float | None) -> str:
     """A forecast's probability: ``21.60 %``, ``< 0.01 %`` (billing's one formatter)."""
     return format_probability(value)
+
+
+def waited(since: datetime | None, now: datetime) -> str:
+    """How long since ``since`` at ``now``: ``3 days``, ``8 months`` (billing's formatter)."""
+    if since is None:
+        return "—"
+    return format_elapsed(max(0, int((now - since).total_seconds())))
 
 
 def num(value: Decimal | float | int | None, places: int = 0) -> str:
@@ -106,7 +114,7 @@ def codespans(text: str | None) -> Markup:
 def install(env: Environment) -> None:
     """Register the portal's filters on a Jinja environment."""
     env.filters.update(
-        pct=pct, chance=chance, num=num, when=when, day=day, label=label,
+        pct=pct, chance=chance, waited=waited, num=num, when=when, day=day, label=label,
         gpu_hours=gpu_hours, secs=secs, money=money, codespans=codespans,
     )
     env.globals["monthly_chart"] = monthly_chart

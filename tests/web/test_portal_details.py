@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 from tests.web.conftest import csrf_of
 
@@ -104,3 +105,37 @@ def test_chart_labels_agree_with_their_colour() -> None:
     assert 'class="threshold-label" text-anchor="end">95%<' in svg
     svg = str(monthly_chart([month("2026-01", 22499, 25000, 90)], Decimal(90)))
     assert 'class="bar miss"' in svg and ">89.99<" in svg  # never "90.00" on a red bar
+
+
+def test_a_pending_failure_shows_its_wait_and_no_made_up_loss(app, client_for, seed) -> None:
+    from billing.verdict import format_elapsed
+    from tests import factories as fx
+
+    alice = client_for("a")
+    now = app.state.portal.now()
+    pending_at = fx.T0 + timedelta(days=101)  # the seed's pending kernel_panic
+    wait = format_elapsed(int((now - pending_at).total_seconds()))
+    html = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][5]}").text
+    assert 'data-test="lost-gpu-hours">unknown<' in html  # not "0.00": it is not known
+    assert f"No outcome recorded in the {wait} since the failure" in html
+    listed = alice.get("/contracts/C-A/failures", params={"status": "pending"}).text
+    assert f'data-test="waiting">no outcome for {wait}<' in listed
+    assert ">unknown</span></td>" in listed
+    # a failure with an outcome still shows its lost GPU-hours
+    resolved = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}").text
+    assert 'data-test="lost-gpu-hours">0.0056<' in resolved
+
+
+def test_format_elapsed_rounds_down_to_the_largest_unit() -> None:
+    import pytest
+
+    from billing.verdict import format_elapsed
+
+    assert format_elapsed(59) == "under a minute"
+    assert format_elapsed(60) == "1 min"
+    assert format_elapsed(3 * 3600 + 59 * 60) == "3 h"
+    assert format_elapsed(86400) == "1 day"
+    assert format_elapsed(8 * 30 * 86400 + 5) == "8 months"
+    assert format_elapsed(2 * 365 * 86400) == "2 years"
+    with pytest.raises(ValueError, match="negative"):
+        format_elapsed(-1)

@@ -116,12 +116,14 @@ def failure_page(
     portal: PortalDep,
 ) -> Response:
     """One failure: status, lost GPU-hours, its timeline, proofs and the dispute form."""
-    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, portal.now())
+    now = portal.now()
+    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, now)
     return page(
         request,
         "failure.html",
         {
             "d": detail,
+            "now": now,
             "contract": detail.contract,
             "tz": detail.contract.timezone,
             "can_dispute": user.role == "customer",
