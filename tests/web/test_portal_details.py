@@ -139,3 +139,22 @@ def test_format_elapsed_rounds_down_to_the_largest_unit() -> None:
     assert format_elapsed(2 * 365 * 86400) == "2 years"
     with pytest.raises(ValueError, match="negative"):
         format_elapsed(-1)
+
+
+def test_the_footer_leads_to_a_guide_with_the_key_and_every_download(app, client_for) -> None:
+    alice = client_for("a")
+    html = alice.get("/contracts/C-A").text
+    assert '<a href="/verify">how to check the figures yourself</a>' in html
+    guide = alice.get("/verify")
+    assert guide.status_code == 200
+    text = guide.text
+    assert app.state.portal.verifier_key in text
+    assert 'href="/public-key" download="operator.key"' in text
+    for link in ("/contracts/C-A/checkpoints", "/contracts/C-A/reports",
+                 "/contracts/C-A/failures"):
+        assert f'href="{link}"' in text
+    assert "C-B" not in text  # another customer's contract is not listed
+    assert "yoco-verify" in text and "yoco verify-proof" in text
+    # a page of the portal, with its way back (the header) and a title
+    assert "<title>Check the figures yourself" in text and 'lang="en"' in text
+    assert client_for().get("/verify", follow_redirects=False).status_code in (303, 401)
