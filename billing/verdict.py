@@ -125,6 +125,29 @@ class Verdict:
         return f"{self.rate} ({self.resolved:,} of {self.covered:,})"
 
     @property
+    def headroom(self) -> int | None:
+        """How many more unresolved covered failures the period can take and still meet
+        the threshold (``resolved × 100 ≥ (covered + k) × threshold``, exact); None when it
+        is below already.  Resolved failures to come would add to it."""
+        if self.resolved * 100 < self.covered * self.threshold_percent:
+            return None
+        most = Fraction(self.resolved * 100) / Fraction(self.threshold_percent)
+        return int(most) - self.covered  # int() truncates: the largest whole k
+
+    @property
+    def headroom_text(self) -> str | None:
+        """The headroom in words for a period still running (``Headroom: 6 more unresolved
+        failures before falling below 90 %.``); None when closed or below already."""
+        k = self.headroom
+        if self.closed or k is None:
+            return None
+        thr = _plain(self.threshold_percent)
+        if k == 0:
+            return f"No headroom: the next unresolved failure would bring it below {thr} %."
+        more = "1 more unresolved failure" if k == 1 else f"{k:,} more unresolved failures"
+        return f"Headroom: {more} before falling below {thr} %."
+
+    @property
     def sentence(self) -> str:
         """One sentence saying what the standing means for this period."""
         thr = _plain(self.threshold_percent)

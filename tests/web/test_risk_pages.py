@@ -62,8 +62,9 @@ def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, s
         fc = forecast_contract_year(s, "C-A", now=app.state.portal.now())
     assert line.startswith(f"Forecast: {chance(fc.p_miss)} chance this year ends below 90 %")
     assert f"expected credit {format_money(fc.expected_credit, 'USD')}" in line and "not the verdict" in line
-    # The verdict itself is unchanged.
+    # The verdict itself is unchanged; below the threshold there is no headroom to show.
     assert "Below the guarantee so far" in html
+    assert 'data-test="headroom"' not in html
 
 
 def test_a_year_that_has_not_started_shows_no_figures_and_no_forecast(
