@@ -105,6 +105,13 @@ def test_chart_labels_agree_with_their_colour() -> None:
     assert 'class="threshold-label" text-anchor="end">95%<' in svg
     svg = str(monthly_chart([month("2026-01", 22499, 25000, 90)], Decimal(90)))
     assert 'class="bar miss"' in svg and ">89.99<" in svg  # never "90.00" on a red bar
+    # The threshold line is drawn before the bars and their labels (never over a label).
+    assert svg.index('class="threshold"') < svg.index('class="bar ')
+    # Every year is drawn on the same 0-100 % scale, whatever its rates.
+    high = str(monthly_chart([month("2026-01", 99, 100, 90)], Decimal(90)))
+    low = str(monthly_chart([month("2026-01", 40, 100, 90)], Decimal(90)))
+    ticks = re.compile(r'class="tick y[^"]*" text-anchor="end">(\d+)%<')
+    assert ticks.findall(high) == ticks.findall(low) == ["25", "50", "75", "100"]
 
 
 def test_a_pending_failure_shows_its_wait_and_no_made_up_loss(app, client_for, seed) -> None:
