@@ -98,6 +98,9 @@ def test_dispute_from_the_failure_page_reaches_the_operator(client_for, seed) ->
                   data={"csrf_token": csrf_of(queue.text), "decision": "exclusion",
                         "note": "confirmed: facility issue"}, follow_redirects=True)
     assert r.status_code == 200
+    # The operator is told what was recorded.
+    assert 'data-test="decided"' in r.text and "is resolved (confirmed: facility issue)" in r.text
+    assert 'data-test="decided"' not in olga.get("/operator/disputes").text
     detail = alice.get(f"/api/v1/contracts/C-A/failures/{fid}").json()
     assert detail["row"]["status"] == "excluded"
     assert detail["disputes"][-1]["status"] == "resolved"
