@@ -149,6 +149,31 @@ def entry_proof(
     )
 
 
+@router.get("/contracts/{contract_id}/disputes")
+def contract_disputes(
+    request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
+) -> Response:
+    """The contract's disputes, open and decided, newest first: each with its failure, how
+    long an open one has waited against the operator's response target, and the
+    decision with its note once taken."""
+    contract = services.contract_for(db, user, contract_id)
+    rows = billing_bridge.disputes_of_contract(db, contract_id)
+    failures = services.failure_summaries(db, [d["failure_event_id"] for d in rows])
+    return page(
+        request,
+        "contract_disputes.html",
+        {
+            "contract": contract,
+            "disputes": rows,
+            "failures": failures,
+            "now": portal.now(),
+            "target_days": portal.settings.dispute_response_days,
+            "tz": contract.timezone,
+            "section": "contract-disputes",
+        },
+    )
+
+
 @router.post("/contracts/{contract_id}/failures/{event_id}/disputes")
 def open_dispute(
     contract_id: str,
