@@ -37,9 +37,9 @@ from alerts.events import NewEvent, raise_event
 from alerts.models import AlertYearStanding
 from billing.amendments import contract_in_force
 from billing.models import BillingYear, Close, Credit
-from billing.money import format_minor
+from billing.money import format_minor, format_money
 from billing.services import sla_figures
-from billing.verdict import Standing, Verdict
+from billing.verdict import Standing, Verdict, format_number
 from billing.years import contract_year_bounds, require_aware
 from ledger.contracts import list_contracts
 from ledger.models import Checkpoint, LedgerLog
@@ -184,7 +184,8 @@ def _missed(session: Session) -> list[NewEvent]:
     out = []
     for year, close in rows:
         rate_text = (
-            f"{close.resolved_failures} of {close.covered_failures} covered failures resolved"
+            f"{format_number(close.resolved_failures)} of "
+            f"{format_number(close.covered_failures)} covered failures resolved"
         )
         out.append(NewEvent(
             kind="year_missed",
@@ -219,8 +220,8 @@ def _credits(session: Session) -> list[NewEvent]:
             occurred_at=c.issued_at,
             contract_id=c.contract_id,
             year=c.year,
-            subject=f"{c.contract_id} year {c.year}: credit {c.credit_note} of {amount} "
-                    f"{c.currency} issued",
+            subject=f"{c.contract_id} year {c.year}: credit {c.credit_note} of "
+                    f"{format_money(c.amount_minor, c.currency, minor=True)} issued",
             data={
                 "contract_id": c.contract_id,
                 "year": c.year,

@@ -180,6 +180,16 @@ def law_rate_mean(
     return expected * covered / _days(start, stop)
 
 
+def _refuse_unstarted(contract_id: str, year: int, start: datetime, now: datetime) -> None:
+    # A year that has not started has nothing to forecast from: no page, report or
+    # operator list may show a chance of missing (or an expected credit) for it.
+    if start > now:
+        raise PeriodOutOfRange(
+            f"year {year} of contract {contract_id!r} starts {start.isoformat()}, after "
+            f"{now.isoformat()}: nothing to forecast yet"
+        )
+
+
 def build_forecast(
     *,
     contract: ContractSpec,
@@ -194,11 +204,13 @@ def build_forecast(
 
     ``figures`` are the year's figures counting failures up to ``until`` (the year to
     date: ``figures.period_start`` is the year's start); the rest of the year, from
-    ``until`` to the year's end, is forecast.  ``previous`` sums the contract's earlier
+    ``until`` to the year's end, is forecast; a year that starts after ``until`` is
+    refused (:class:`~billing.errors.PeriodOutOfRange`).  ``previous`` sums the contract's earlier
     years; ``jobs`` are the year's job spans (for the law prior when there is no earlier
     year).  Priors as documented in this module and docs/risk.md.
     """
     start = figures.period_start
+    _refuse_unstarted(contract.contract_id, year, start, until)
     _, end = contract_year_bounds(contract.start_date, contract.timezone, year)
     stop = min(max(until, start), end)
     ytd = risk.YearToDate(
@@ -303,11 +315,7 @@ def forecast_contract_year(
         k = year if year is not None else current_year(in_force.contract, now)
     contract, terms = in_force.contract, in_force.terms
     start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
-    if start > now:
-        raise PeriodOutOfRange(
-            f"year {k} of contract {contract_id!r} starts {start.isoformat()}, after "
-            f"{now.isoformat()}: nothing to forecast yet"
-        )
+    _refuse_unstarted(contract_id, k, start, now)
     stop = min(end, now)
     fig = figures_for(session, contract, start, end, now, terms)
     jobs = load_period(session, contract_id, start, stop).jobs if stop > start else []

@@ -43,9 +43,9 @@ from billing.display import credit_text as credit_words
 from billing.display import goodput_text as _goodput
 from billing.display import hours_text as _hours
 from billing.display import money_text as _money
-from billing.display import plain as _plain
 from billing.display import rate_text as _rate
 from billing.terms import Terms
+from billing.verdict import format_probability, format_seconds
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
@@ -352,7 +352,7 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
         "status_text": _STATUS_TEXT[row.status.value],
         "notes": notes,
         "lost_steps": str(o.lost_steps) if o else "—",
-        "recovery": _plain(o.recovery_seconds) if o else "—",
+        "recovery": format_seconds(o.recovery_seconds) if o else "—",
         "lost_hours": _hours(row.lost_gpu_seconds) if o else "—",
     }
 
@@ -439,10 +439,11 @@ def _forecast_text(
     fc = build_forecast(contract=contract, terms=terms, year=k, figures=ytd, until=until,
                         previous=previous, jobs=recs.records.jobs)
     return (
-        f"{fc.p_miss * 100:.1f} % chance that contract year {k} ends below "
+        f"{format_probability(fc.p_miss)} chance that contract year {k} ends below "
         f"{format(terms.threshold_percent, 'f')} % (expected credit "
         f"{_money(fc.expected_credit, contract.currency)}), forecast from the year up to "
-        f"{_utc(until)} — an estimate (docs/risk.md), not the verdict"
+        f"{_utc(until)} — an estimate from the year so far and published failure rates, "
+        "not the verdict"
     )
 
 

@@ -180,6 +180,9 @@ def html_to_pdf(html: str) -> bytes:
             font_config=font_config,
             pdf_identifier=identifier,
             attachments=attachments,
+            # a tagged PDF (headings, tables, reading order) is readable with a screen
+            # reader and reflows in PDF viewers; PDF/UA also asks for the title and lang
+            pdf_tags=True,
         )
     if not isinstance(pdf, bytes):
         raise InvariantBroken("the PDF renderer returned no bytes")

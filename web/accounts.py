@@ -71,6 +71,21 @@ def principal_of_user(user: PortalUser, binding: str | None = None) -> Principal
     )
 
 
+def check_user_fields(*, email: str, role: str, customer: str | None) -> str:
+    """The normalised e-mail of a user to create, or :class:`Invalid` naming what is wrong
+    with its e-mail, role or customer (checked before a password is asked for)."""
+    email = email.strip().lower()
+    if not _EMAIL.fullmatch(email):
+        raise Invalid(f"{email!r} is not an e-mail address")
+    if role not in ROLES:
+        raise Invalid(f"role must be one of {', '.join(ROLES)}")
+    if role == "customer" and not (customer and customer.strip()):
+        raise Invalid("a customer user needs --customer")
+    if role != "customer" and customer:
+        raise Invalid(f"an {role} user belongs to no customer (drop --customer)")
+    return email
+
+
 def add_user(
     session: Session,
     hasher: PasswordHasher,
@@ -82,15 +97,7 @@ def add_user(
     customer: str | None = None,
 ) -> PortalUser:
     """Create a user (refusing a bad e-mail, role, short password or a taken e-mail)."""
-    email = email.strip().lower()
-    if not _EMAIL.fullmatch(email):
-        raise Invalid(f"{email!r} is not an e-mail address")
-    if role not in ROLES:
-        raise Invalid(f"role must be one of {', '.join(ROLES)}")
-    if role == "customer" and not (customer and customer.strip()):
-        raise Invalid("a customer user needs --customer")
-    if role != "customer" and customer:
-        raise Invalid(f"an {role} user belongs to no customer (drop --customer)")
+    email = check_user_fields(email=email, role=role, customer=customer)
     if len(password) < MIN_PASSWORD:
         raise Invalid(f"the password must have at least {MIN_PASSWORD} characters")
     if session.execute(select(PortalUser.id).where(PortalUser.email == email)).first():

@@ -115,6 +115,18 @@ def _dispute_dict(d: Any) -> dict[str, Any]:
     }
 
 
+def disputes_of_contract(session: Session, contract_id: str) -> list[dict[str, Any]]:
+    """Every dispute of one contract (open and decided), newest first."""
+    from billing.models import Dispute
+
+    rows = session.execute(
+        select(Dispute)
+        .where(Dispute.contract_id == contract_id)
+        .order_by(Dispute.opened_at.desc(), Dispute.seq.desc())
+    ).scalars()
+    return [_dispute_dict(d) for d in rows]
+
+
 def disputes_of_failure(session: Session, contract_id: str, fid: uuid.UUID) -> list[dict[str, Any]]:
     """Disputes of one failure, oldest first."""
     from billing.models import Dispute

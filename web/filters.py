@@ -19,7 +19,14 @@ from jinja2 import Environment
 from markupsafe import Markup, escape
 
 from billing.money import format_money
-from billing.verdict import format_number, format_percent, format_rate, format_seconds
+from billing.verdict import (
+    format_elapsed,
+    format_number,
+    format_percent,
+    format_probability,
+    format_rate,
+    format_seconds,
+)
 from web.views import MonthFigures, month_verdict
 
 
@@ -32,6 +39,18 @@ def _exact(value: Decimal | float | int | None) -> Decimal | int | None:
 def pct(value: Decimal | float | None, places: int = 2) -> str:
     """A share (0.934) as a percentage ("93.40 %"); "—" for None (billing's formatter)."""
     return format_percent(_exact(value), places)
+
+
+def chance(value: Decimal | float | None) -> str:
+    """A forecast's probability: ``21.60 %``, ``< 0.01 %`` (billing's one formatter)."""
+    return format_probability(value)
+
+
+def waited(since: datetime | None, now: datetime) -> str:
+    """How long since ``since`` at ``now``: ``3 days``, ``8 months`` (billing's formatter)."""
+    if since is None:
+        return "—"
+    return format_elapsed(max(0, int((now - since).total_seconds())))
 
 
 def num(value: Decimal | float | int | None, places: int = 0) -> str:
@@ -141,8 +160,8 @@ def install(env: Environment) -> None:
     isolation of every stored string shown)."""
     env.finalize = finalize
     env.filters.update(
-        pct=pct, num=num, when=when, day=day, label=label, gpu_hours=gpu_hours, secs=secs,
-        money=money, codespans=codespans,
+        pct=pct, chance=chance, waited=waited, num=num, when=when, day=day, label=label,
+        gpu_hours=gpu_hours, secs=secs, money=money, codespans=codespans,
     )
     env.globals["monthly_chart"] = monthly_chart
     env.globals["month_verdict"] = month_verdict
@@ -152,11 +171,6 @@ def install(env: Environment) -> None:
 
 _W, _H = 720, 260
 _LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 18, 28
-
-
-def _axis_floor(values: Sequence[float], threshold: float) -> float:
-    low = min([*values, threshold])
-    return max(0.0, (int(low) // 10) * 10 - 10 if low < 100 else 80.0)
 
 
 def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
@@ -169,12 +183,9 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
     the chart, so it wraps on a phone instead of shrinking with the drawing.
     """
     thr = float(threshold)  # drawing coordinates only: no figure is computed from them
-    rates = [
-        100.0 * m.figures.resolved_failures / m.figures.covered_failures
-        for m in months
-        if m.figures is not None and m.figures.covered_failures
-    ]
-    lo = _axis_floor(rates, thr)
+    # The axis always spans 0-100 %: every year and contract is drawn on the same scale
+    # (a floor that followed the data started at 50, 70 or 80 % from one year to the next).
+    lo = 0.0
     plot_w = _W - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     n = max(1, len(months))
@@ -191,20 +202,28 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
         '<title id="chart-title">Resolution rate by month against the guaranteed '
         f"{thr_text} %</title>",
     ]
-    step = 10 if 100 - lo > 30 else 5
-    for tick in range(int(lo), 101, step):
+    step = 25
+    for tick in range(0, 101, step):
         ty = y(tick)
         parts.append(
             f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" '
             'class="grid"/>'
         )
-        if abs(tick - thr) >= step / 2.5:  # the threshold's own label takes this place
-            # on a phone only 0 % and 50 % stay (with the threshold's own label)
-            minor = "" if tick in (0, 50) else " minor"
+        # 0 % is the baseline (its label would sit on the first month's); the threshold's
+        # own label takes the place of a tick near it; on a phone only 50 % stays.
+        if tick and abs(tick - thr) >= step / 2.5:
+            minor = "" if tick == 50 else " minor"
             parts.append(
                 f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="tick y{minor}" '
                 f'text-anchor="end">{tick}%</text>'
             )
+    # The threshold before the bars and their labels: a label is never struck through.
+    ty = y(thr)
+    parts.append(
+        f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" class="threshold"/>'
+        f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="threshold-label" text-anchor="end">'
+        f"{thr_text}%</text>"
+    )
     for i, m in enumerate(months):
         cx = _LEFT + slot * i + slot / 2
         odd = " odd" if i % 2 else ""
@@ -235,12 +254,6 @@ def monthly_chart(months: Sequence[MonthFigures], threshold: Decimal) -> Markup:
             f'<text x="{cx:.1f}" y="{top - 4:.1f}" class="val" text-anchor="middle">'
             f"{escape(shown.removesuffix(' %'))}</text>"
         )
-    ty = y(thr)
-    parts.append(
-        f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" class="threshold"/>'
-        f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" class="threshold-label" text-anchor="end">'
-        f"{thr_text}%</text>"
-    )
     parts.append("</svg>")
     parts.append(
         '<p class="chart-legend small"><span class="key ok" aria-hidden="true"></span> at or '

@@ -19,8 +19,9 @@ __all__ = ["view_forecast"]
 
 
 def view_forecast(portal: Any, user: Principal, view: YearView) -> YearForecast | None:
-    """The forecast of ``view``'s year, or None for a closed year (its verdict is final)."""
-    if view.closed is not None:
+    """The forecast of ``view``'s year, or None for a closed year (its verdict is final)
+    and for a year that has not started (nothing to forecast from)."""
+    if view.closed is not None or view.now < view.start:
         return None
 
     def compute() -> YearForecast:

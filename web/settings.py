@@ -21,6 +21,9 @@ class WebSettings(BaseSettings):
     #: ``auto``: cookies are Secure when the request came over HTTPS; ``always`` / ``never``.
     secure_cookies: str = "auto"
     session_hours: float = 12.0
+    #: The operator's target for deciding a customer's dispute, in days, shown to the
+    #: customer beside each open dispute (with how long it has waited).
+    dispute_response_days: int = Field(default=10, ge=1)
     #: Failed logins allowed for one account at one client address, for one client
     #: over all accounts, and for one account over all clients, before that key backs
     #: off: blocked ``login_backoff_seconds``, doubled at each further failure, at most

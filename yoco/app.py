@@ -23,6 +23,14 @@ class SchemaNotReady(RuntimeError):
     """The database has not been migrated to the code's schema."""
 
 
+def _where(url: str) -> str:
+    """``host:port/database`` of a database URL, without the login or password."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return f"{u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
+
+
 class App:
     """Everything a command needs, created on first use."""
 
@@ -46,9 +54,16 @@ class App:
         import migrations
 
         head = migrations.head_revision()
+        from sqlalchemy.exc import OperationalError
+
         try:
             current = migrations.current(self.database.url)
-        except Exception as exc:  # connection problems surface with their own message
+        except OperationalError as exc:  # not reached: say so, not "run db upgrade"
+            raise SchemaNotReady(
+                f"cannot connect to the database at {_where(self.database.url)}: "
+                f"{str(exc.orig or exc).strip().splitlines()[0]}"
+            ) from exc
+        except Exception as exc:  # other problems surface with their own message
             raise SchemaNotReady(
                 f"cannot read the schema version (run `yoco db upgrade` as the owner or an "
                 f"administrator): {exc}"

@@ -157,7 +157,10 @@ def application(*, schema: bool = True) -> Iterator[App]:
             f"{name} works on the database only; remote mode (--server) is available for "
             f"{', '.join(REMOTE_COMMANDS)}"
         )
-    ctx = App()
+    try:
+        ctx = App()
+    except ValueError as exc:  # a malformed setting (yoco.settings.SettingsError)
+        fail(str(exc))
     try:
         if schema:
             ctx.require_schema()
@@ -503,9 +506,9 @@ def ledger_verify() -> None:
         report = _unit(ctx, run)
         heads = _check_witnesses(ctx, verifier) if ctx.witnesses else None
     out.print(
-        f"ledger verified: {report.logs} logs, {report.entries} entries, "
-        f"{report.nodes} Merkle nodes, {report.checkpoints} signed checkpoints, "
-        f"{report.projection_tables} projection tables ({report.projection_rows} rows) "
+        f"ledger verified: {report.logs:,} logs, {report.entries:,} entries, "
+        f"{report.nodes:,} Merkle nodes, {report.checkpoints:,} signed checkpoints, "
+        f"{report.projection_tables} projection tables ({report.projection_rows:,} rows) "
         "— all match"
     )
     if heads is not None:
@@ -828,7 +831,24 @@ def build_app() -> typer.Typer:
     if not _registered:
         _registered = True
         _register_optional()
+        _flags_show_no_type()
     return app
+
+
+def _flags_show_no_type() -> None:
+    """Help pages show no type for a flag: Typer writes ``--json <bool>`` and
+    ``-h <bool>``, which reads as if the flag took a value (it takes none)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_yoco_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._yoco_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def main() -> None:

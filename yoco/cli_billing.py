@@ -6,7 +6,7 @@ nothing written (see :func:`yoco.cli.application`).
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -215,7 +215,10 @@ def close_due_cmd(
 @billing_app.command("status")
 def status_cmd(
     contract_id: Annotated[str, typer.Argument(help="The contract.")],
-    year: Annotated[int, typer.Option("--year", help="Contract year K.")],
+    year: Annotated[
+        int | None,
+        typer.Option("--year", help="Contract year K (default: the current one, as 'yoco sla')."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Whether a contract year is open, ended and closing, or closed; and its credit.
@@ -224,17 +227,18 @@ def status_cmd(
     timer); the status says when the year's credit, if the guarantee is missed, is issued.
     """
     from billing.schedule import year_phase
-    from billing.services import credit_status, year_status
+    from billing.services import credit_status, current_year, year_status
+    from ledger.contracts import get_contract
+
+    def read(s: Any) -> tuple[Any, Any, Any, int]:
+        k = year
+        if k is None:
+            k = current_year(get_contract(s, contract_id), datetime.now(UTC))
+        return (year_status(s, contract_id, k), credit_status(s, contract_id, k),
+                year_phase(s, contract_id, k), k)
 
     with application() as ctx:
-        st, cr, phase = _unit(
-            ctx,
-            lambda s: (
-                year_status(s, contract_id, year),
-                credit_status(s, contract_id, year),
-                year_phase(s, contract_id, year),
-            ),
-        )
+        st, cr, phase, year = _unit(ctx, read)
     if as_json:
         _print_json({"contract_id": contract_id, "year": year, "close": st, "credit": cr,
                      "phase": phase.to_json()})
@@ -274,6 +278,9 @@ def credits_cmd(
         return
     from yoco.render import grouped, print_table
 
+    if not rows:
+        out.print(f"{contract_id}: no credit has been issued", highlight=False)
+        return
     table = Table("credit note", "year", "amount", "currency", "status", "applied", "remaining")
     for c in rows:
         table.add_row(

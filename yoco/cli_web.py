@@ -63,8 +63,12 @@ def serve(
         err.print(
             f"database: {redact(ctx.database.portal_url)}", highlight=False, soft_wrap=True
         )
-        err.print(f"portal on http://{host}:{port}/  (API schema: /api/openapi.json)"
-                  + (f", {workers} workers" if workers > 1 else ""), highlight=False)
+        err.print(f"starting the portal on http://{host}:{port}/"
+                  + (f" ({workers} workers)" if workers > 1 else "") + " …", highlight=False)
+        _announce_when_accepting(
+            host, port, f"portal ready on http://{host}:{port}/  (API schema: "
+            "/api/openapi.json)",
+        )
         # uvicorn handles SIGTERM gracefully, then restores the previous handler and
         # raises the signal again. With the default handler that would kill this process
         # before `application()` releases its handle on the embedded PostgreSQL; this
@@ -98,6 +102,28 @@ def serve(
             checkpoints.stop()
             if scheduler is not None:
                 scheduler.stop()
+
+
+def _announce_when_accepting(host: str, port: int, message: str) -> None:
+    """Print ``message`` once ``host:port`` accepts a connection (from a daemon thread):
+    the address is announced when it works, not while the workers are still starting."""
+    import socket
+    import threading
+    import time
+
+    # a wildcard address is reached through loopback
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+
+    def wait() -> None:
+        while True:
+            try:
+                with socket.create_connection((target, port), timeout=1.0):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        err.print(message, highlight=False)
+
+    threading.Thread(target=wait, name="yoco-serve-ready", daemon=True).start()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -154,6 +180,8 @@ def _run_uvicorn(ctx: App, url: str, workers: int, *, options: dict[str, Any]) -
 def _password(from_stdin: bool) -> str:
     if from_stdin:
         return sys.stdin.readline().rstrip("\r\n")
+    if not sys.stdin.isatty():
+        fail("no terminal to ask the password on: pipe it in with --password-stdin")
     value: str = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
     return value
 
@@ -171,11 +199,15 @@ def users_add(
     ] = False,
 ) -> None:
     """Create a portal user; the password is asked for (or read from stdin), stored as argon2id."""
-    from web.accounts import add_user, customer_exists
+    from web.accounts import add_user, check_user_fields, customer_exists
     from web.errors import WebError
     from web.security import password_hasher
     from yoco.database import unit_of_work
 
+    try:  # every flag is checked before the password is asked for
+        check_user_fields(email=email, role=role, customer=customer)
+    except WebError as exc:
+        fail(exc.message)
     password = _password(password_stdin)
     with application() as ctx:
         try:

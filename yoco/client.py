@@ -59,7 +59,9 @@ class ApiError(Exception):
     """The server refused or failed a request: ``status`` and its ``detail`` message."""
 
     def __init__(self, status: int, detail: str, url: str = "") -> None:
-        super().__init__(f"{detail} (HTTP {status}{' from ' + url if url else ''})")
+        where = f" from {url}" if url else ""
+        # status 0: nothing answered, so there is no HTTP status to quote
+        super().__init__(f"{detail} (HTTP {status}{where})" if status else detail)
         self.status = status
         self.detail = detail
         self.url = url
@@ -97,6 +99,10 @@ def _error(response: httpx.Response) -> ApiError:
     if not isinstance(detail, str):
         detail = str(detail) if detail else response.reason_phrase or "error"
     status = response.status_code
+    if status == 401 and "authorization" in response.request.headers:
+        # the server's generic 401 asks for a token; this caller sent one
+        detail = ("the server did not accept this token (unknown, revoked or mistyped): "
+                  "check YOCO_TOKEN or --token")
     cls: type[ApiError]
     if status == 404:
         cls = NotFoundError

@@ -126,11 +126,12 @@ def run_training_job(ctx: App, console: Console, contract_id: str) -> str | None
 
     console.print(
         f"examples/mlp_train.py on 2 workers + 1 hot spare for contract "
-        f"{contract_id}; injected: SIGKILL of rank 1 at step 8 (live migration onto "
-        "the spare), rising corrected-ECC counts on rank 0 at step 14 (pre-emptive move), "
-        "a drain of rank 1 at step 20 (planned move), then every worker killed as step 36 "
-        "starts (recorded at step 35, the last committed; rollback to the checkpoint of "
-        "step 30, 5 steps lost; checkpoints every 10 steps). Each spare "
+        f"{contract_id}, checkpoints every 10 steps. Faults injected (the plan; what "
+        "happened is what the ledger recorded, printed below): SIGKILL of rank 1 at "
+        "step 8 (expect a live migration onto the spare), rising corrected-ECC counts on "
+        "rank 0 at step 14 (a pre-emptive move), a drain of rank 1 at step 20 (a planned "
+        "move), then every worker killed at once near step 36 (no healthy replica is left: "
+        "a rollback to the last checkpoint, losing the steps since it). Each spare "
         "called in is replaced by one forked from a process that has imported torch."
     )
     faults = ["kill:rank=1:step=8", "warn:rank=0:step=14:signal=ecc_rising",
@@ -284,6 +285,7 @@ def _training_step(ctx: App, console: Console, contract_id: str, demo_dir: Path)
 def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
     from billing.schedule import year_phase
     from billing.services import current_year, sla_figures
+    from billing.verdict import verdict_of_json
     from billing.years import contract_year_bounds
     from ledger.contracts import get_contract
     from yoco.database import unit_of_work
@@ -291,7 +293,8 @@ def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
     table = Table(show_lines=False)
     for col, just in (("contract", "left"), ("year", "right"), ("period (local)", "left"),
                       ("state", "left"), ("resolved / covered", "right"),
-                      ("rate", "right"), ("guarantee", "left"), ("lost GPU-h", "right"),
+                      ("rate", "right"), ("threshold", "right"), ("guarantee", "left"),
+                      ("lost GPU-h", "right"),
                       ("credit", "left")):
         table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for spec in specs:
@@ -301,11 +304,9 @@ def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
                 j = sla_figures(s, spec.contract_id, year=k, now=now).to_json()
                 phase = year_phase(s, spec.contract_id, k, now=now)
                 credit = j.get("credit")
-                met = j["guarantee_met"]
-                if phase.state == "open":
-                    verdict = "[green]on track[/]" if met else "[red]below, so far[/]"
-                else:
-                    verdict = "[green]met[/]" if met else "[red]missed[/]"
+                v = verdict_of_json(j)  # billing's one wording of each standing
+                colour = {"ok": "green", "warn": "yellow", "bad": "red"}.get(v.tone, "default")
+                standing = f"[{colour}]{v.word}[/]"
                 start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
                 zone = ZoneInfo(contract.timezone)
                 last_day = end.astimezone(zone).date() - timedelta(days=1)
@@ -313,7 +314,7 @@ def _years_table(ctx: App, specs: list[Any], now: datetime) -> Table:
                 table.add_row(
                     spec.contract_id, str(k), period, phase.label,
                     f"{j['resolved_failures']:,} / {j['covered_failures']:,}",
-                    _percent(j["resolution_rate"]), verdict,
+                    _percent(j["resolution_rate"]), f"≥ {v.threshold_percent} %", standing,
                     f"{Decimal(j['lost_gpu_hours']):,.0f}",
                     (f"{credit['credit_note']} {_money(credit['amount'], credit['currency'])}"
                      f" ({credit['status']})") if credit else "none",
@@ -531,8 +532,8 @@ def run_demo(
         console.print(
             f"failure {fid}: proof verified against the signed head (size "
             f"{bundle['tree_size']:,}). The same check, as a customer runs it with no "
-            f"database:\n  yoco ledger prove {fid} --out {proof_path}\n"
-            f"  yoco verify-proof {proof_path} --public-key {key_path}",
+            f"database:\n  {_yoco_command()} ledger prove {fid} --out {proof_path}\n"
+            f"  {_yoco_command()} verify-proof {proof_path} --public-key {key_path}",
             highlight=False, soft_wrap=True,
         )
 
@@ -547,6 +548,7 @@ def run_demo(
         console.print(f"  {role:9s} {email:26s} password {shown}",
                       highlight=False, soft_wrap=True)
     console.rule(f"[bold]done in {time.perf_counter() - started:.0f} s")
-    console.print(f"Everything written is in {demo_dir}. Next: `yoco sla CONTRACT --json`, "
-                  "`yoco billing status CONTRACT --year K`, `yoco ledger verify`.",
+    y = _yoco_command()
+    console.print(f"Everything written is in {demo_dir}. Next: `{y} sla CONTRACT --json`, "
+                  f"`{y} billing status CONTRACT`, `{y} contracts list`, `{y} ledger verify`.",
                   highlight=False, soft_wrap=True)

@@ -112,7 +112,28 @@ def normalize_url(url: str) -> str:
     return url
 
 
+class SettingsError(ValueError):
+    """A setting from the environment is malformed; the message names the variable."""
+
+
+def load_settings() -> Settings:
+    """The settings from the environment, or :class:`SettingsError` naming each malformed
+    variable and why (never a validation traceback: a typo in ``DATABASE_URL`` is bad
+    input like any other)."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            name = ".".join(str(part) for part in e.get("loc", ())) or "settings"
+            message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            problems.append(message if message.startswith(name) else f"{name}: {message}")
+        raise SettingsError("; ".join(problems)) from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """Build (once) and return the process-wide settings."""
-    return Settings()
+    """Build (once) and return the process-wide settings (:func:`load_settings`)."""
+    return load_settings()

@@ -98,6 +98,9 @@ def test_a_missed_year_and_its_credit_are_alerted_once(engine, signer) -> None:
     assert credit.kind == "credit_issued" and credit.data["credit_note"] == "CN-C-1-Y1"
     assert credit.data["amount"] == "250000.00" and credit.data["currency"] == "USD"
     assert "CN-C-1-Y1" in credit.subject
+    # Subjects are read by people: money and counts as the portal writes them.
+    assert "of 250,000.00 USD issued" in credit.subject
+    assert "8 of 9 covered failures resolved" in missed.subject
 
 
 def test_a_met_year_raises_nothing_at_its_close(engine, signer) -> None:

@@ -199,3 +199,27 @@ def test_dispute_list_neutralises_terminal_escapes_in_a_stored_reason(ledger) ->
     assert "our OOM\\u001b[2J\\u001b[Hall disputes resolved\\u202e [/]" in out, out
     rows = json.loads(yoco("billing", "dispute", "list", "--json"))
     assert rows[0]["reason"] == reason
+
+
+def test_status_defaults_to_the_current_year_and_no_credit_says_so(ledger) -> None:
+    from datetime import UTC, datetime
+
+    from billing.services import current_year
+    from ledger.contracts import get_contract
+    from yoco.app import App
+    from yoco.database import unit_of_work
+
+    ctx = App()
+    try:
+        with unit_of_work(ctx.engine) as s:
+            k = current_year(get_contract(s, "C-2"), datetime.now(UTC))
+    finally:
+        ctx.close()
+    # like `yoco sla`, the current contract year when --year is left out
+    status = json.loads(yoco("billing", "status", "C-2", "--json"))
+    assert status["year"] == k
+    assert f"C-2 year {k}:" in yoco("billing", "status", "C-2")
+    # a contract with no credit says so instead of printing an empty table
+    assert yoco("billing", "credits", "C-2").strip() == "C-2: no credit has been issued"
+    assert json.loads(yoco("billing", "credits", "C-2", "--json")) == []
+    assert "unknown contract" in yoco("billing", "credits", "C-NOPE", code=2)

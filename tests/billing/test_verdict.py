@@ -83,3 +83,28 @@ def test_bad_counts_are_refused() -> None:
         verdict(3, 2, D(90), True)
     with pytest.raises(ValueError, match="threshold"):
         verdict(1, 2, D(0), True)
+
+
+def test_headroom_is_the_largest_number_of_further_unresolved_failures_that_still_meets() -> None:
+    from decimal import Decimal
+
+    from billing.verdict import verdict
+
+    for resolved, covered in ((0, 0), (9, 10), (439, 481), (95, 100), (1, 1), (18, 20)):
+        v = verdict(resolved, covered, Decimal(90), False)
+        k = v.headroom
+        if resolved * 100 < covered * 90:
+            assert k is None and v.headroom_text is None
+            continue
+        assert k is not None and k >= 0
+        # k more unresolved still meet; k + 1 do not (exact, by the definition)
+        assert resolved * 100 >= (covered + k) * 90
+        assert resolved * 100 < (covered + k + 1) * 90
+    assert verdict(439, 481, Decimal(90), False).headroom_text == (
+        "Headroom: 6 more unresolved failures before falling below 90 %.")
+    assert verdict(9, 10, Decimal(90), False).headroom_text == (
+        "No headroom: the next unresolved failure would bring it below 90 %.")
+    assert verdict(10, 10, Decimal(90), False).headroom_text == (
+        "Headroom: 1 more unresolved failure before falling below 90 %.")
+    assert verdict(10, 10, Decimal(90), True).headroom_text is None  # a closed year
+    assert verdict(95, 100, Decimal("95.5"), False).headroom is None

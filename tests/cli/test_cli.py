@@ -51,6 +51,8 @@ def test_help_on_every_level() -> None:
     ):
         out = yoco(*cmd, "--help")
         assert "Usage" in out and len(out) > 200
+        # a flag takes no value, so its help shows no type (Typer would write <bool>)
+        assert "<bool>" not in out
 
 
 def test_commands_refuse_an_unmigrated_database(yoco_env, tmp_path) -> None:
@@ -346,3 +348,38 @@ def test_out_dash_is_standard_output(yoco_env, contracts_file, tmp_path, monkeyp
     assert export.exit_code == 0, export.output
     assert export.stdout.startswith("credit_id,") or "credit" in export.stdout.splitlines()[0]
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("url", ["notaurl", "mysql://root@db/yoco"])
+def test_a_malformed_database_url_is_bad_input_not_a_traceback(monkeypatch, url) -> None:
+    from yoco.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", url)
+    get_settings.cache_clear()
+    try:
+        out = runner.invoke(app, ["contracts", "list"])
+    finally:
+        get_settings.cache_clear()
+    # 2 is bad input; 1 is reserved for a failed verification (README)
+    assert out.exit_code == 2, out.output
+    assert "DATABASE_URL must be a PostgreSQL URL" in out.output
+    assert "Traceback" not in out.output and "pydantic" not in out.output
+
+
+def test_an_unreachable_server_is_called_unreachable(monkeypatch) -> None:
+    import socket
+
+    from yoco.settings import get_settings
+
+    with socket.socket() as s:  # a port nobody listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DATABASE_URL", f"postgresql+psycopg://yoco_cli:pw@127.0.0.1:{port}/yoco")
+    get_settings.cache_clear()
+    try:
+        out = runner.invoke(app, ["contracts", "list"])
+    finally:
+        get_settings.cache_clear()
+    assert out.exit_code == 2, out.output
+    assert f"cannot connect to the database at 127.0.0.1:{port}/yoco" in out.output
+    assert "yoco db upgrade" not in out.output and "pw" not in out.output

@@ -421,3 +421,27 @@ def test_batch_of_contracts_in_parallel(
             assert entry["pdf_sha256"] == hashlib.sha256(pdf.read_bytes()).hexdigest()
     assert "projections rebuilt" in yoco("ledger", "rebuild")
     assert "all match" in yoco("ledger", "verify")
+
+
+def test_the_pdf_is_tagged_and_no_page_ends_on_a_heading(
+    seed: Callable[..., None], app_ctx: Any, tmp_path: Path
+) -> None:
+    import re
+    import subprocess
+
+    contract, records = sc.tipping()
+    seed([contract], records)
+    with unit_of_work(app_ctx.engine) as s:
+        report = rm.build_monthly_report(s, "C-TIP", 2026, 3)
+    pdf = tmp_path / "tip.pdf"
+    pdf.write_bytes(report.pdf)
+    info = subprocess.run(["pdfinfo", str(pdf)], check=True, capture_output=True,
+                          text=True).stdout
+    assert re.search(r"^Tagged:\s+yes$", info, re.M), info
+    heading = re.compile(r"^\d\. [A-Z]")
+    for n in range(1, page_count(pdf) + 1):
+        page = subprocess.run(["pdftotext", "-layout", "-f", str(n), "-l", str(n), str(pdf),
+                               "-"], check=True, capture_output=True, text=True).stdout
+        lines = [ln.strip() for ln in page.splitlines() if ln.strip()]
+        body = [ln for ln in lines if not ln.startswith("page ")]  # the running footer
+        assert body and not heading.match(body[-1]), f"page {n} ends on {body[-1]!r}"

@@ -38,7 +38,10 @@ def test_report_shows_the_years_forecast_next_to_the_verdict(
     with Session(app_ctx.engine) as s:
         fc = forecast_contract_year(s, "C-TIP", 1, now=april)
     assert fc.ytd.covered == march.year_to_date.covered_failures == 21
-    assert line.startswith(f"Forecast: {fc.p_miss * 100:.1f} % chance")
+    # The dashboard's formatter (billing.verdict.format_probability): one text everywhere.
+    from billing.verdict import format_probability
+
+    assert line.startswith(f"Forecast: {format_probability(fc.p_miss)} chance")
     assert "expected credit" in line and "USD" in line
     # Over the same checkpoint the report, forecast included, does not change.
     html2 = again.html.decode() if isinstance(again.html, bytes) else again.html
@@ -52,3 +55,26 @@ def test_no_forecast_once_the_year_has_ended(seed: Callable[..., None], app_ctx:
         report = rm.build_monthly_report(s, "C-CLOSED", 2025, 12)
     html = report.html.decode() if isinstance(report.html, bytes) else report.html
     assert '<div class="forecast">' not in html
+
+
+def test_a_failures_recovery_time_is_shown_to_the_millisecond(
+    seed: Callable[..., None], app_ctx: Any
+) -> None:
+    """A runtime's recovery time (measured to the nanosecond) is printed as the portal
+    prints it (billing.verdict.format_seconds), not as 0.30850648880004883."""
+    import random
+
+    from tests import factories as f
+
+    rng = random.Random(7)
+    cid = "C-REC"
+    recs = sc.job(rng, cid, "train-1", 8, sc.at(2026, 3, 1), None)
+    recs += sc.failure_with(rng, cid, sc.at(2026, 3, 5), "live_migrated",
+                            recovery=0.30850648880004883)
+    seed([f.contract(cid, start_date="2026-01-01")], recs)
+    with unit_of_work(app_ctx.engine) as s:
+        report = rm.build_monthly_report(s, cid, 2026, 3)
+    html = report.html.decode() if isinstance(report.html, bytes) else report.html
+    failures = html.split('id="failures"', 1)[1].split("</table>", 1)[0]
+    assert '<td class="num">0.309 s</td>' in failures
+    assert "0.3085064888" not in failures

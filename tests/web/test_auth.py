@@ -122,3 +122,18 @@ def test_login_redirects_only_to_local_paths(client_for, seed) -> None:
                                "csrf_token": csrf_of(page.text),
                                "next": "//evil.example/x"}, follow_redirects=False)
     assert r.headers["location"] == "/"
+
+
+def test_after_a_refused_login_the_password_field_has_the_focus(client_for, seed) -> None:
+    import re
+
+    c = client_for()
+    fresh = c.get("/login").text
+    assert re.search(r'name="email"[^>]*autofocus', fresh)
+    assert not re.search(r'name="password"[^>]*autofocus', fresh)
+    r = login(c, seed.users["a"], "wrong password!")
+    refused = r.text
+    assert 'role="alert" id="login-error"' in refused
+    assert re.search(r'name="password"[^>]*autofocus[^>]*aria-describedby="login-error"',
+                     refused)
+    assert not re.search(r'name="email"[^>]*autofocus', refused)

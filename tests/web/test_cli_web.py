@@ -140,3 +140,53 @@ def test_serve_workers_each_accept_their_share_and_stop_on_sigterm(yoco_env) -> 
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0
+
+
+def test_users_add_checks_its_flags_before_asking_for_a_password(yoco_env) -> None:
+    # A wrong flag is named at once; no password prompt comes first.
+    r = _yoco(["users", "add", "--email", "op@v.example", "--role", "admin"])
+    assert r.exit_code == 2 and "role must be one of" in r.output
+    assert "Password" not in r.output
+    r = _yoco(["users", "add", "--email", "not-an-address"])
+    assert r.exit_code == 2 and "is not an e-mail address" in r.output
+    assert "Password" not in r.output
+    # With no terminal to ask on (a script, CI) it says how to give one; no GetPassWarning.
+    r = _yoco(["users", "add", "--email", "op@v.example", "--role", "operator"], input="")
+    assert r.exit_code == 2 and "--password-stdin" in r.output
+    assert "Aborted" not in r.output and "Password" not in r.output
+    assert "op@v.example" not in _yoco(["users", "list"]).output
+
+
+def test_serve_announces_its_address_once_it_accepts_connections(yoco_env) -> None:
+    """'portal ready on …' is printed only once the address takes connections: a user
+    (or a script) that connects on that line is answered, never refused."""
+    import http.client
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yoco.cli", "serve", "--port", str(port),
+         "--close-due-every", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "portal ready on" in line:
+                break
+        assert any("starting the portal on" in ln for ln in seen), seen
+        assert f"portal ready on http://127.0.0.1:{port}/" in seen[-1], seen
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/login")  # at once: no retry, no wait
+        assert c.getresponse().status == 200
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -164,6 +164,8 @@ def test_remote_mode_errors_are_clear(server, seeded, monkeypatch) -> None:
     assert "yoco ledger verify works on the database only" in out and "yoco sla" in out
     out = _cli("--server", server, "--token", "yoco_bad", "sla", "C-A", code=2)
     assert "401" in out
+    # it sent a token: it is told the token was refused, not asked to send one
+    assert "did not accept this token" in out and "send a session cookie" not in out
     out = _cli("--server", "not-a-url", "sla", "C-A", code=2)
     assert "http:// or https://" in out
     with socket.socket() as s:
@@ -171,4 +173,5 @@ def test_remote_mode_errors_are_clear(server, seeded, monkeypatch) -> None:
         closed = s.getsockname()[1]
     out = _cli("--server", f"http://127.0.0.1:{closed}", "sla", "C-A", code=1)
     assert "cannot reach the yoco server" in out
+    assert "HTTP 0" not in out  # nothing answered: no HTTP status to quote
     assert "--server" in _cli("--help")

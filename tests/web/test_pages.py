@@ -98,6 +98,9 @@ def test_dispute_from_the_failure_page_reaches_the_operator(client_for, seed) ->
                   data={"csrf_token": csrf_of(queue.text), "decision": "exclusion",
                         "note": "confirmed: facility issue"}, follow_redirects=True)
     assert r.status_code == 200
+    # The operator is told what was recorded.
+    assert 'data-test="decided"' in r.text and "is resolved (confirmed: facility issue)" in r.text
+    assert 'data-test="decided"' not in olga.get("/operator/disputes").text
     detail = alice.get(f"/api/v1/contracts/C-A/failures/{fid}").json()
     assert detail["row"]["status"] == "excluded"
     assert detail["disputes"][-1]["status"] == "resolved"
@@ -213,3 +216,32 @@ def test_api_docs_are_served_locally(client_for) -> None:
     schema = c.get("/api/openapi.json").json()
     assert "/api/v1/contracts/{contract_id}/failures" in schema["paths"]
     assert not any(p.startswith("/contracts") for p in schema["paths"])
+
+
+def test_a_customer_sees_its_disputes_with_their_wait_and_decision(client_for, seed) -> None:
+    alice = client_for("a")
+    empty = alice.get("/contracts/C-A/disputes").text
+    assert 'data-test="disputes"' in empty  # the seed opened one for each contract
+    fid = seed.failures["C-A"][2]
+    page = alice.get(f"/contracts/C-A/failures/{fid}")
+    alice.post(f"/contracts/C-A/failures/{fid}/disputes",
+               data={"csrf_token": csrf_of(page.text), "reason": "thermal was the PDU"})
+    html = alice.get("/contracts/C-A/disputes").text
+    assert "thermal was the PDU" in html and "we lost more steps" in html
+    assert 'aria-current="page">Disputes<' in html
+    assert "decide each within 10 days" in html
+    waits = html.count('data-test="dispute-wait"')
+    assert waits == 2  # both open, each with how long it has waited
+    assert "past the 10-day target" not in html  # both were opened just now
+    # another customer's disputes are not there, and its page is not found
+    assert "C-B" not in html
+    assert alice.get("/contracts/C-B/disputes").status_code == 404
+    # once decided, the decision and its note show instead of the wait
+    olga = client_for("op")
+    queue = olga.get("/operator/disputes")
+    did = next(d for d in _disputes(olga) if d["reason"] == "thermal was the PDU")
+    olga.post(f"/operator/disputes/{did['dispute_id']}",
+              data={"csrf_token": csrf_of(queue.text), "decision": "reject",
+                    "note": "PDU logs are clean"})
+    html = alice.get("/contracts/C-A/disputes").text
+    assert "PDU logs are clean" in html and html.count('data-test="dispute-wait"') == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 from tests.web.conftest import csrf_of
 
@@ -106,3 +107,63 @@ def test_chart_labels_agree_with_their_colour() -> None:
     assert 'class="threshold-label" text-anchor="end">95%<' in svg
     svg = str(monthly_chart([month("2026-01", 22499, 25000, 90)], Decimal(90)))
     assert 'class="bar miss"' in svg and ">89.99<" in svg  # never "90.00" on a red bar
+    # The threshold line is drawn before the bars and their labels (never over a label).
+    assert svg.index('class="threshold"') < svg.index('class="bar ')
+    # Every year is drawn on the same 0-100 % scale, whatever its rates.
+    high = str(monthly_chart([month("2026-01", 99, 100, 90)], Decimal(90)))
+    low = str(monthly_chart([month("2026-01", 40, 100, 90)], Decimal(90)))
+    ticks = re.compile(r'class="tick y[^"]*" text-anchor="end">(\d+)%<')
+    assert ticks.findall(high) == ticks.findall(low) == ["25", "50", "75", "100"]
+
+
+def test_a_pending_failure_shows_its_wait_and_no_made_up_loss(app, client_for, seed) -> None:
+    from billing.verdict import format_elapsed
+    from tests import factories as fx
+
+    alice = client_for("a")
+    now = app.state.portal.now()
+    pending_at = fx.T0 + timedelta(days=101)  # the seed's pending kernel_panic
+    wait = format_elapsed(int((now - pending_at).total_seconds()))
+    html = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][5]}").text
+    assert 'data-test="lost-gpu-hours">unknown<' in html  # not "0.00": it is not known
+    assert f"No outcome recorded in the {wait} since the failure" in html
+    listed = alice.get("/contracts/C-A/failures", params={"status": "pending"}).text
+    assert f'data-test="waiting">no outcome for {wait}<' in listed
+    assert ">unknown</span></td>" in listed
+    # a failure with an outcome still shows its lost GPU-hours
+    resolved = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}").text
+    assert 'data-test="lost-gpu-hours">0.0056<' in resolved
+
+
+def test_format_elapsed_rounds_down_to_the_largest_unit() -> None:
+    import pytest
+
+    from billing.verdict import format_elapsed
+
+    assert format_elapsed(59) == "under a minute"
+    assert format_elapsed(60) == "1 min"
+    assert format_elapsed(3 * 3600 + 59 * 60) == "3 h"
+    assert format_elapsed(86400) == "1 day"
+    assert format_elapsed(8 * 30 * 86400 + 5) == "8 months"
+    assert format_elapsed(2 * 365 * 86400) == "2 years"
+    with pytest.raises(ValueError, match="negative"):
+        format_elapsed(-1)
+
+
+def test_the_footer_leads_to_a_guide_with_the_key_and_every_download(app, client_for) -> None:
+    alice = client_for("a")
+    html = alice.get("/contracts/C-A").text
+    assert '<a href="/verify">how to check the figures yourself</a>' in html
+    guide = alice.get("/verify")
+    assert guide.status_code == 200
+    text = guide.text
+    assert app.state.portal.verifier_key in text
+    assert 'href="/public-key" download="operator.key"' in text
+    for link in ("/contracts/C-A/checkpoints", "/contracts/C-A/reports",
+                 "/contracts/C-A/failures"):
+        assert f'href="{link}"' in text
+    assert "C-B" not in text  # another customer's contract is not listed
+    assert "yoco-verify" in text and "yoco verify-proof" in text
+    # a page of the portal, with its way back (the header) and a title
+    assert "<title>Check the figures yourself" in text and 'lang="en"' in text
+    assert client_for().get("/verify", follow_redirects=False).status_code in (303, 401)

@@ -51,7 +51,7 @@ def test_risk_view_is_for_operators_only(client_for) -> None:
 
 def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, seeded) -> None:
     from billing.forecast import forecast_contract_year
-    from web.filters import pct
+    from web.filters import chance
 
     ctx, _ = seeded
     html = client_for("a").get("/contracts/C-A").text
@@ -60,7 +60,56 @@ def test_contract_page_shows_the_forecast_next_to_the_verdict(app, client_for, s
 
     with Session(ctx.engine) as s:
         fc = forecast_contract_year(s, "C-A", now=app.state.portal.now())
-    assert line.startswith(f"Forecast: {pct(fc.p_miss)} chance this year ends below 90 %")
+    assert line.startswith(f"Forecast: {chance(fc.p_miss)} chance this year ends below 90 %")
     assert f"expected credit {format_money(fc.expected_credit, 'USD')}" in line and "not the verdict" in line
-    # The verdict itself is unchanged.
+    # The verdict itself is unchanged; below the threshold there is no headroom to show.
     assert "Below the guarantee so far" in html
+    assert 'data-test="headroom"' not in html
+
+
+def test_a_year_that_has_not_started_shows_no_figures_and_no_forecast(
+    app, client_for, seeded
+) -> None:
+    from billing.forecast import forecast_contract_year
+    from billing.years import contract_year_bounds
+
+    ctx, _ = seeded
+    now = app.state.portal.now()
+    from datetime import date
+
+    start, _ = contract_year_bounds(date(2026, 1, 1), "UTC", 2)
+    assert start > now  # the seeded contracts' second year is still to come
+    html = client_for("a").get("/contracts/C-A", params={"year": 2}).text
+    assert 'data-standing="not_started"' in html
+    assert "starts on 2027-01-01" in html
+    assert 'data-test="forecast"' not in html
+    assert "chance" not in html and "Goodput" not in html
+    # The operator's list of open years leaves it out too (as before).
+    rows = _rows(client_for("op").get("/operator/risk").text)
+    assert ("C-A", "2") not in rows
+    import pytest
+    from sqlalchemy.orm import Session
+
+    from billing.errors import PeriodOutOfRange
+
+    with Session(ctx.engine) as s, pytest.raises(PeriodOutOfRange, match="nothing to forecast"):
+        forecast_contract_year(s, "C-A", 2, now=now)
+
+
+def test_a_forecast_never_reads_as_nil_or_certain_when_it_is_neither() -> None:
+    from decimal import Decimal
+
+    import pytest
+
+    from billing.verdict import format_probability
+
+    assert format_probability(0.216) == "21.60 %"
+    assert format_probability(0.0) == "0.00 %"
+    assert format_probability(1.0) == "100.00 %"
+    assert format_probability(4e-7) == "< 0.01 %"
+    assert format_probability(0.99999) == "> 99.99 %"
+    assert format_probability(Decimal("0.00005")) == "< 0.01 %"  # half to even: 0.00
+    assert format_probability(Decimal("0.00015")) == "0.02 %"
+    assert format_probability(None) == "—"
+    with pytest.raises(ValueError, match="not a probability"):
+        format_probability(1.5)

@@ -53,6 +53,17 @@ def consistency_download(
     )
 
 
+@router.get("/verify")
+def verify_guide(request: Request, user: UserDep, db: PageDb, portal: PortalDep) -> Response:
+    """How to check the figures yourself: the signer's key, where to download the log,
+    reports and proofs of each of the caller's contracts, and what checks them."""
+    return page(
+        request,
+        "verify.html",
+        {"contracts": services.visible_contracts(db, user), "verifier_key": portal.verifier_key},
+    )
+
+
 @router.get("/public-key")
 def public_key(portal: PortalDep) -> Response:
     """The checkpoint signer's verifier key (public)."""

@@ -116,12 +116,14 @@ def failure_page(
     portal: PortalDep,
 ) -> Response:
     """One failure: status, lost GPU-hours, its timeline, proofs and the dispute form."""
-    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, portal.now())
+    now = portal.now()
+    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, now)
     return page(
         request,
         "failure.html",
         {
             "d": detail,
+            "now": now,
             "contract": detail.contract,
             "tz": detail.contract.timezone,
             "can_dispute": user.role == "customer",
@@ -145,6 +147,31 @@ def entry_proof(
         json.dumps(bundle, indent=2, ensure_ascii=False) + "\n",
         media_type="application/json",
         headers=attachment(f"proof-{bundle['event_id']}.json"),
+    )
+
+
+@router.get("/contracts/{contract_id}/disputes")
+def contract_disputes(
+    request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
+) -> Response:
+    """The contract's disputes, open and decided, newest first: each with its failure, how
+    long an open one has waited against the operator's response target, and the
+    decision with its note once taken."""
+    contract = services.contract_for(db, user, contract_id)
+    rows = billing_bridge.disputes_of_contract(db, contract_id)
+    failures = services.failure_summaries(db, [d["failure_event_id"] for d in rows])
+    return page(
+        request,
+        "contract_disputes.html",
+        {
+            "contract": contract,
+            "disputes": rows,
+            "failures": failures,
+            "now": portal.now(),
+            "target_days": portal.settings.dispute_response_days,
+            "tz": contract.timezone,
+            "section": "contract-disputes",
+        },
     )
 
 

@@ -68,8 +68,11 @@ def sign_checkpoints(user: OperatorDep, portal: PortalDep, _csrf: CsrfDep) -> Re
 
 @router.get("/operator/disputes")
 def disputes(request: Request, user: OperatorDep, db: PageDb) -> Response:
-    """Open disputes, oldest first, and the latest decided ones."""
+    """Open disputes, oldest first, and the latest decided ones; after a decision, which
+    dispute was just decided and how (``?decided=ID``)."""
     decided = [d for d in billing_bridge.dispute_queue(db, None) if d["status"] != "open"]
+    just = request.query_params.get("decided")
+    just_decided = next((d for d in decided if d["dispute_id"] == just), None)
     queue = billing_bridge.dispute_queue(db)
     failures = services.failure_summaries(db, [x["failure_event_id"] for x in queue])
     timezones = {c.contract_id: c.timezone for c in services.visible_contracts(db, user)}
@@ -81,6 +84,7 @@ def disputes(request: Request, user: OperatorDep, db: PageDb) -> Response:
             "failures": failures,
             "timezones": timezones,
             "decided": list(reversed(decided))[:50],
+            "just_decided": just_decided,
             "classes": services.CLASSES,
             "section": "disputes",
         },
@@ -118,7 +122,8 @@ def decide(
             failure_class=failure_class,
             cause=cause,
         )
-    return RedirectResponse("/operator/disputes", status_code=303)
+    # the queue says what was just recorded (the decided dispute is looked up there)
+    return RedirectResponse(f"/operator/disputes?decided={dispute_id}", status_code=303)
 
 
 def ended_years(db: Any, user: Any, now: Any) -> list[dict[str, Any]]:

@@ -32,8 +32,10 @@ __all__ = [
     "RATE_PLACES",
     "Standing",
     "Verdict",
+    "format_elapsed",
     "format_number",
     "format_percent",
+    "format_probability",
     "format_rate",
     "format_seconds",
     "rate_percent",
@@ -125,6 +127,29 @@ class Verdict:
         if self.covered == 0:
             return self.rate
         return f"{self.rate} ({self.resolved:,} of {self.covered:,})"
+
+    @property
+    def headroom(self) -> int | None:
+        """How many more unresolved covered failures the period can take and still meet
+        the threshold (``resolved × 100 ≥ (covered + k) × threshold``, exact); None when it
+        is below already.  Resolved failures to come would add to it."""
+        if self.resolved * 100 < self.covered * self.threshold_percent:
+            return None
+        most = Fraction(self.resolved * 100) / Fraction(self.threshold_percent)
+        return int(most) - self.covered  # int() truncates: the largest whole k
+
+    @property
+    def headroom_text(self) -> str | None:
+        """The headroom in words for a period still running (``Headroom: 6 more unresolved
+        failures before falling below 90 %.``); None when closed or below already."""
+        k = self.headroom
+        if self.closed or k is None:
+            return None
+        thr = _plain(self.threshold_percent)
+        if k == 0:
+            return f"No headroom: the next unresolved failure would bring it below {thr} %."
+        more = "1 more unresolved failure" if k == 1 else f"{k:,} more unresolved failures"
+        return f"Headroom: {more} before falling below {thr} %."
 
     @property
     def sentence(self) -> str:
@@ -283,6 +308,29 @@ def format_percent(fraction: Decimal | Fraction | int | None, places: int = 2) -
     return f"{_fixed(_round_half_even(Fraction(fraction) * 100, places), places)} %"
 
 
+def format_probability(p: float | Decimal | Fraction | None, places: int = 2) -> str:
+    """A model's probability (a forecast's chance of missing) as a percentage, on every
+    surface alike: ``"21.60 %"``; ``"< 0.01 %"`` / ``"> 99.99 %"`` for a chance that is
+    neither nil nor certain but rounds to 0 or 100 (so a page never says "0.00 % chance"
+    beside an expected credit above zero); ``"—"`` for None.
+
+    A float is read through its shortest decimal text (``repr``): a probability is an
+    estimate, and this is its one formatter.
+    """
+    if p is None:
+        return "—"
+    exact = Fraction(Decimal(repr(p))) if isinstance(p, float) else Fraction(p)
+    if exact < 0 or exact > 1:
+        raise ValueError(f"format_probability: {p!r} is not a probability")
+    text = format_percent(exact, places)
+    least = Fraction(1, 10**places)  # the smallest step shown, in percent
+    if exact > 0 and text == format_percent(0, places):
+        return f"< {_fixed(least, places)} %"
+    if exact < 1 and text == format_percent(1, places):
+        return f"> {_fixed(100 - least, places)} %"
+    return text
+
+
 def format_number(value: Decimal | Fraction | int | None, places: int = 0) -> str:
     """``value`` with thousands separators, rounded half to even to ``places`` decimals.
 
@@ -293,6 +341,22 @@ def format_number(value: Decimal | Fraction | int | None, places: int = 0) -> st
     if isinstance(value, float):
         raise ValueError("format_number: floats are not accepted")
     return _fixed(_round_half_even(Fraction(value), places), places)
+
+
+def format_elapsed(seconds: Decimal | Fraction | int | float) -> str:
+    """How long something has waited, in the largest whole unit that fits: ``45 min``,
+    ``5 h``, ``3 days``, ``8 months`` (30-day months), ``2 years`` (365 days); ``under a
+    minute`` below that.  For ages shown to people (a failure pending since …), not for
+    figures: rounded down, so a wait is never overstated."""
+    s = int(seconds)
+    if s < 0:
+        raise ValueError(f"format_elapsed: a negative wait ({seconds!r})")
+    for size, one, many in ((365 * 86400, "year", "years"), (30 * 86400, "month", "months"),
+                            (86400, "day", "days"), (3600, "h", "h"), (60, "min", "min")):
+        if s >= size:
+            n = s // size
+            return f"{n} {one if n == 1 else many}"
+    return "under a minute"
 
 
 def format_seconds(value: Decimal | Fraction | int | None) -> str:
