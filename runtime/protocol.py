@@ -8,7 +8,8 @@ abandoned with a collective still pending can never be confused with the new one
 Fencing: a worker or a host the coordinator fenced (hung, silent, partitioned) is told so
 under :func:`fenced_key` / :func:`node_fenced_key`, set *before* any generation that
 excludes it is published; a fenced process that comes back (thawed, healed) finds the key
-and exits :data:`EXIT_FENCED` without writing anything (docs/runtime.md, "Fencing").
+and exits :data:`EXIT_FENCED` without writing anything (docs/runtime.md, "Fencing by
+generation").
 """
 
 from __future__ import annotations
