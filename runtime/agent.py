@@ -20,6 +20,10 @@ The agent:
 Its processes share its process group, so a whole host going down (the group killed) or
 freezing (the group stopped) is what the coordinator sees as a lost or hung node.
 
+If the coordinator fenced this host (``node/RANK/fenced``: it was silent -- frozen, cut
+off -- and its ranks were moved elsewhere) and the host comes back, the agent kills its
+processes and exits :data:`runtime.protocol.EXIT_FENCED`.
+
 If the coordinator is lost (the store stops answering), the agent kills its processes and
 exits with :data:`EXIT_COORDINATOR_LOST`: training without a coordinator would be
 unrecorded. ``yoco run --resume`` on every host continues the job from its newest
@@ -157,6 +161,8 @@ class Agent:
                         last_shutdown = now
                         if self.store.check([P.KEY_SHUTDOWN]):
                             break
+                        if self.store.check([P.node_fenced_key(self.rank)]):
+                            return self._fenced()
                     failing_since = None
                 except (RuntimeError, dist.DistStoreError) as exc:
                     failing_since = failing_since or now
@@ -201,6 +207,18 @@ class Agent:
                     return
         except (RuntimeError, dist.DistStoreError) as exc:  # the main loop notices too
             log.warning("node %s: heartbeat stopped: %s", self.ident.node_name, exc)
+
+    def _fenced(self) -> int:
+        """The coordinator fenced this host (it was silent: frozen, cut off) and moved
+        its ranks elsewhere: kill its processes (nothing of them may run on) and return
+        :data:`runtime.protocol.EXIT_FENCED`, saying so."""
+        fence = json.loads(self.store.get(P.node_fenced_key(self.rank)))
+        msg = (f"node {self.ident.node_name} was fenced by the coordinator "
+               f"({fence.get('cause')}: {fence.get('detail')}); its ranks run elsewhere: "
+               f"stopping this node's processes, exit {P.EXIT_FENCED}")
+        log.error("%s", msg)
+        self._kill_all()
+        return P.EXIT_FENCED
 
     def _kill_all(self) -> None:
         for p in self.pool.procs.values():

@@ -436,6 +436,12 @@ class ShardReducer:
         """FSDP2 makes new gradients each step: drop the old ones."""
         optimizer.zero_grad(set_to_none=True)
 
+    def renew(self) -> None:
+        """A new generation reduces into a buffer of its own: an abandoned generation's
+        allreduce that completes late writes into the old one, which nothing reads any
+        more (see :mod:`runtime.reduction`)."""
+        self.flat = None
+
     def _locals(self) -> list[torch.Tensor]:
         out = []
         for p in self.model.parameters():

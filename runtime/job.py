@@ -174,11 +174,18 @@ class Job:
             faults.install(model=model, optimizer=optimizer,
                            where=lambda: (self.step, self.rank))
             if self.config.checkpoint_every and self.config.checkpoint_dir:
+                member = self._m
+
+                def before_rename(step: int) -> None:
+                    # A fenced writer (its generation abandoned while it wrote) must not
+                    # put its checkpoint in place: it exits, its temporary file unnamed.
+                    member.exit_if_fenced()
+                    faults.during_checkpoint(step=step, rank=self.rank)
+
                 self._ckpt = Checkpointer(
                     every=self.config.checkpoint_every,
                     directory=Path(self.config.checkpoint_dir), store=self._m.store,
-                    before_rename=lambda step: faults.during_checkpoint(step=step,
-                                                                        rank=self.rank),
+                    before_rename=before_rename,
                     shard=(self._elastic.rank(), self.shards) if self._elastic is not None
                     and self.shards > 1 else None, model=model, optimizer=optimizer)
         self._was_member = False
@@ -511,12 +518,15 @@ class Job:
             self._ckpt.submit(self.state_dict(), self.step, attempt=self.gen)
         if self.rank != 0:
             return
+        # A rank of an abandoned generation (fenced while frozen or cut off, now back)
+        # must not write the committed step or progress: it exits here instead.
+        self._m.exit_if_fenced()
         if self._committed is not None:
             self._committed.write(self.step)
         window = self._step_times[-20:]
         self._m.mark(P.KEY_PROGRESS, json.dumps(
             {"step": self.step, "step_seconds": sum(window) / len(window), "t": time.time(),
-             "gen": self.gen}))
+             "gen": self.gen, "slot": self.slot}), checked=True)
         if self._regroup_timing is not None:
             self._mark_ready(self.step, seconds)
 
@@ -598,6 +608,12 @@ class Job:
                     continue
             self._regroup_timing = {"seen": t_seen, "pg": t_pg, "synced": t_sync,
                                     "bytes": moved, "mode_" + plan.mode: 1.0}
+            # This generation's own gradient buffers (runtime.reduction): a collective of
+            # an older one that completes late cannot touch them.
+            if self._reducer.built:
+                self._reducer.renew()
+            if self._shard_reducer is not None:
+                self._shard_reducer.renew()
             if plan.mode == P.PlanMode.START and self._ckpt is not None \
                     and self.rank < self.shards \
                     and self.step == 0:

@@ -9,13 +9,28 @@ sets an event, and while it is not set the worker checks the generation the supe
 publishes. On a new generation the old group is abandoned (kept referenced, never
 destroyed, because destroying it could join a thread stuck in the dead op) and a new
 group is built on a fresh store prefix.
+
+Before this process builds a newer generation's groups, it *aborts* those of the older
+ones (:meth:`Membership.abort_older`): a collective of an abandoned generation must never
+complete later. It did: a host frozen (or cut off) long enough to be fenced, then thawed,
+completed its pending gloo allreduce with the survivors' abandoned one, which wrote the
+stale sum into the survivors' gradients of a later step. gloo has no abort of a pending
+op (``ProcessGroupGloo.abort()``/``shutdown()`` leave it pending; measured, torch 2.13),
+so the connections of the generation's groups are shut down (``shutdown(2)`` on every
+connected socket the group build opened; never a listening one, which gloo's loop takes
+as fatal): a pending op then fails at once, here and at the peer that comes back. NCCL
+groups are ``abort()``-ed. Besides, each generation reduces into buffers of its own
+(:meth:`runtime.reduction.GradientReducer.renew`), so even a completion racing the abort
+lands in a dead buffer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -98,6 +113,43 @@ class Timeline:
             fh.write(line + "\n")
 
 
+def open_sockets() -> dict[int, str]:
+    """This process's open sockets: file descriptor -> ``socket:[INODE]`` (Linux /proc)."""
+    out: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                link = os.readlink(f"/proc/self/fd/{name}")
+                if link.startswith("socket:"):
+                    out[int(name)] = link
+    return out
+
+
+def shut_down(sockets: dict[int, str]) -> int:
+    """Shut down (both directions) each connected socket of ``sockets`` still open under
+    the same descriptor (the inode is compared: a closed and reused descriptor is left
+    alone); listening sockets are skipped. Return how many were shut down. The
+    descriptors stay open: whoever owns them sees their peers gone, nothing more."""
+    done = 0
+    for fd, link in sockets.items():
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass  # not connected (any more)
+        finally:
+            sock.close()
+    return done
+
+
 class _PendingWork:
     """A collective whose completion callback has not run yet (see Membership.wait)."""
 
@@ -137,6 +189,10 @@ class Membership:
         self.sub_cpu: dict[str, Any] = {}
         self._timeline = Timeline(slot)
         self._graveyard: list[Any] = []  # abandoned groups: never destroyed on purpose
+        # What each generation's group builds opened (sockets) and made (groups): aborted
+        # before a newer generation's groups are built (abort_older).
+        self._gen_sockets: dict[int, dict[int, str]] = {}
+        self._gen_groups: dict[int, list[Any]] = {}
 
     def event(self, ev: str, t: float | None = None) -> None:
         """Stamp ``ev`` (at ``t``, default now) on this worker's benchmark timeline (see
@@ -207,6 +263,36 @@ class Membership:
         collectives and the gradient reduction), else the gloo group itself.
         ``meanwhile`` runs on this thread while the groups rendezvous (on their own
         threads, waiting in C++)."""
+        self.abort_older(gen)
+        before = open_sockets()
+        try:
+            self._form_groups(gen, rank, size, prefix, subgroups, meanwhile)
+        finally:
+            # Whatever the build opened belongs to this generation (a build left running
+            # by a GenerationChanged opens its sockets later: they count in the next
+            # generation's, and are shut down with them).
+            opened = {fd: link for fd, link in open_sockets().items()
+                      if before.get(fd) != link}
+            self._gen_sockets.setdefault(gen, {}).update(opened)
+
+    def abort_older(self, gen: int) -> None:
+        """Abort the groups of every generation older than ``gen`` (see the module
+        docstring): their pending collectives fail now instead of completing later, with
+        a fenced peer that comes back. Called before ``gen``'s groups are built, so
+        before ``gen`` runs anything."""
+        for old in [g for g in self._gen_sockets if g < gen]:
+            n = shut_down(self._gen_sockets.pop(old))
+            log.info("%s: generation %d's groups aborted (%d connection(s) shut down)",
+                     self.slot, old, n)
+        for old in [g for g in self._gen_groups if g < gen]:
+            for pg in self._gen_groups.pop(old):
+                if self.use_nccl and isinstance(pg, dist.ProcessGroupNCCL):
+                    with contextlib.suppress(Exception):  # already broken: nothing to do
+                        pg.abort()
+
+    def _form_groups(self, gen: int, rank: int, size: int, prefix: str,
+                     subgroups: tuple[tuple[str, str, int, int], ...],
+                     meanwhile: Callable[[], None] | None) -> None:
         result: dict[str, Any] = {}
         stores: list[Any] = []
         timeout = timedelta(seconds=self.collective_timeout_s)
@@ -279,6 +365,8 @@ class Membership:
             self._graveyard.extend([self.pg, self.cpu_pg])
         self._graveyard.extend(stores)  # the groups' rendezvous connections
         self.pg, self.cpu_pg = result["main"], result["cpu"]
+        self._gen_groups.setdefault(gen, []).extend(
+            v for k, v in result.items() if k != "error")
         if subgroups:
             self._graveyard.extend([*self.sub.values(), *self.sub_cpu.values()])
             self.sub = {k[4:]: v for k, v in result.items() if k.startswith("sub/")}
@@ -359,6 +447,7 @@ class Membership:
 
     def collective_failed(self, phase: P.Phase, exc: BaseException) -> None:
         """Report the failure to the supervisor and wait for the next generation."""
+        self.exit_if_fenced()  # a fenced process's report would be about a dead generation
         report = P.FaultReport(gen=self.gen, step=self._current_step(), phase=phase,
                                error=str(exc)[:500])
         self.store.set(P.fault_key(self.slot), report.encode())
@@ -404,6 +493,35 @@ class Membership:
             self.beat(since)
             time.sleep(0.02)
 
-    def mark(self, key: str, value: str) -> None:
-        """Set ``key`` in the supervisor's store."""
+    def mark(self, key: str, value: str, *, checked: bool = False) -> None:
+        """Set ``key`` in the supervisor's store -- unless this process is fenced: then
+        it exits (:meth:`exit_if_fenced`; ``checked``: the caller just checked)."""
+        if not checked:
+            self.exit_if_fenced()
         self.store.set(key, value)
+
+    def fenced(self) -> dict[str, Any] | None:
+        """The coordinator's fence of this process ({gen, cause, detail}), or None.
+
+        One store round trip. Fencing is published before any generation that excludes
+        this process, so a process that was frozen or cut off when it was fenced finds it
+        as soon as it runs (or reaches the store) again; a store that does not answer
+        raises here, so nothing is written meanwhile."""
+        key = P.fenced_key(self.slot)
+        if not self.store.check([key]):
+            return None
+        return dict(json.loads(self.store.get(key)))
+
+    def exit_if_fenced(self) -> None:
+        """Exit :data:`runtime.protocol.EXIT_FENCED`, writing nothing, if the coordinator
+        has fenced this process (a rank of an abandoned generation must never write into
+        the live one's store keys, checkpoints or records)."""
+        fence = self.fenced()
+        if fence is None:
+            return
+        msg = (f"{self.slot} was fenced by the coordinator ({fence.get('cause')}: "
+               f"{fence.get('detail')}); it is no longer part of the job: exiting "
+               f"{P.EXIT_FENCED} without writing anything")
+        log.error("%s", msg)
+        print(f"yoco: {msg}", file=sys.stderr, flush=True)
+        os._exit(P.EXIT_FENCED)

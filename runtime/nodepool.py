@@ -8,8 +8,10 @@ The coordinator (the supervisor on node rank 0) asks an agent to start or kill a
 A node whose agent is gone (its process group killed: power, kernel panic) or silent for
 ``node_timeout_s`` (frozen, partitioned) is *lost*: every process on it counts as dead at
 once, with the cause ``node_lost`` or ``hang``, and a silent node is fenced (its processes
-killed where this machine can reach them; elsewhere the next generation excludes them:
-a process that wakes up finds itself in no plan and leaves). A silent node on this
+killed where this machine can reach them; elsewhere it is told so under
+``node/RANK/fenced`` and each of its processes under ``fenced/SLOT``, before the next
+generation excludes them: an agent or a process that wakes up finds that and exits
+:data:`runtime.protocol.EXIT_FENCED` without writing anything). A silent node on this
 machine whose agent and processes ``/proc`` shows *stopped* (a frozen host: its process
 group SIGSTOPped) is fenced sooner, after :func:`runtime.processes.stopped_deadline`
 (3 steady steps, at least 0.25 s): a stopped process cannot be merely slow.
@@ -386,5 +388,10 @@ class NodePool:
                 os.killpg(node.pgid, signal.SIGKILL)
         for slot in slots:
             self.procs[slot].returncode = -signal.SIGKILL
+        # Fenced, and told so before anything excludes it: an agent that comes back (its
+        # host thawed, its link healed) finds this, kills its processes and exits
+        # EXIT_FENCED (runtime.agent).
+        self.store.set(P.node_fenced_key(node.rank), json.dumps(
+            {"cause": cause, "detail": detail}))
         self._failures.append(NodeFailure(node=node.name, cause=cause, detail=detail,
                                           slots=slots, since=since))

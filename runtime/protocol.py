@@ -4,6 +4,12 @@ The supervisor owns a ``TCPStore``. Membership changes are *generations*: the
 supervisor writes ``g{n}/plan`` and then sets ``gen`` to ``n``; workers watch ``gen``.
 Each generation's process group lives under its own prefix ``g{n}/pg/``, so a group
 abandoned with a collective still pending can never be confused with the new one.
+
+Fencing: a worker or a host the coordinator fenced (hung, silent, partitioned) is told so
+under :func:`fenced_key` / :func:`node_fenced_key`, set *before* any generation that
+excludes it is published; a fenced process that comes back (thawed, healed) finds the key
+and exits :data:`EXIT_FENCED` without writing anything (docs/runtime.md, "Fencing by
+generation").
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ ENV_SHARD_INDEX = "YOCO_SHARD_INDEX"  # HSDP: the shard this process holds (fixe
 # Benchmarks: a directory where each worker appends its recovery timeline (SLOT.jsonl:
 # one {"t", "ev", "gen", "step"} line per event); unset, nothing is written.
 ENV_TIMELINE = "YOCO_TIMELINE"
+
+#: Exit status of a worker or a node agent that finds itself fenced by the coordinator.
+EXIT_FENCED = 5
 
 ENV_NODE = "YOCO_NODE"  # the name of the node (host) the process runs on (multi-node)
 
@@ -66,6 +75,13 @@ def node_beat_key(rank: int) -> str:
 def node_requests_key(rank: int) -> str:
     """Queue of the coordinator's requests to node ``rank``'s agent (spawn, kill)."""
     return f"node/{rank}/req"
+
+
+def node_fenced_key(rank: int) -> str:
+    """Key the coordinator sets (JSON {cause, detail}) when it fences node ``rank`` (a
+    host lost or silent): its agent, if it comes back, kills its processes and exits
+    :data:`EXIT_FENCED`."""
+    return f"node/{rank}/fenced"
 
 
 #: How often an agent beats.
@@ -133,6 +149,14 @@ def beat_key(slot: str) -> str:
 
 #: How often a waiting worker writes its heartbeat.
 BEAT_INTERVAL_S = 0.2
+
+
+def fenced_key(slot: str) -> str:
+    """Key the coordinator sets (JSON {gen, cause, detail}) when it fences worker ``slot``
+    (counts it dead without seeing it die: hung, or on a lost or silent host). The
+    worker checks it before each write of its own (committed step, progress, checkpoint,
+    marks, fault reports) and exits :data:`EXIT_FENCED` when it is set."""
+    return f"fenced/{slot}"
 
 
 def left_key(slot: str) -> str:

@@ -1,7 +1,10 @@
 """Gradient reduction: the flat gradient buffers, the sparse-gradient buckets and the
 per-step average over the current group.
 
-Gradients are views into one flat buffer per dtype, so the allreduce needs no copy; the
+Gradients are views into one flat buffer per dtype, so the allreduce needs no copy. The
+buffers belong to one generation: each new generation gets fresh ones (:meth:`renew`), so
+an allreduce of an abandoned generation that completes late (a fenced peer came back)
+writes into a buffer nobody reads any more, never into a later step's gradients. The
 last element of the first buffer carries the control flag (a pending move) so that every
 rank learns of it at the same committed step. Embedding tables with ``sparse=True`` keep
 sparse gradients (the rows a step looked up): they are reduced as sparse tensors, one
@@ -49,12 +52,19 @@ class GradientReducer:
         for i, (dtype, ps) in enumerate(by_dtype.items()):
             n = sum(p.numel() for p in ps) + (1 if i == 0 else 0)
             flat = torch.zeros(n, dtype=dtype, device=self.device)
-            off = 0
-            for p in ps:
-                p.grad = flat[off:off + p.numel()].view_as(p)
-                off += p.numel()
+            _point_grads(flat, ps)
             self.flat.append(flat)
             self.flat_params.append(ps)
+
+    def renew(self) -> None:
+        """Give this replica fresh (zeroed) flat buffers, every dense ``.grad`` a view into
+        them: called when it joins a new generation. The old buffers are left to whatever
+        collective of the abandoned generation still holds them (see the module
+        docstring); nothing of this process reads them again."""
+        for i, (flat, ps) in enumerate(zip(self.flat, self.flat_params, strict=True)):
+            fresh = torch.zeros_like(flat)
+            _point_grads(fresh, ps)
+            self.flat[i] = fresh
 
     def zero(self, optimizer: torch.optim.Optimizer) -> None:
         """Zero the gradients before a step's body."""
@@ -116,6 +126,13 @@ class GradientReducer:
                     p.grad = flat[off:off + p.numel()].view_as(p)
                     off += p.numel()
         return move
+
+
+def _point_grads(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    off = 0
+    for p in params:
+        p.grad = flat[off:off + p.numel()].view_as(p)
+        off += p.numel()
 
 
 class Reduction:

@@ -600,7 +600,7 @@ class Supervisor:
             # the node's cause (node_lost, or hang for a silent node), dated when the
             # node was last known alive.
             for slot in nf.slots:
-                self.fenced[slot] = Fence(cause=nf.cause, detail=nf.detail, since=nf.since)
+                self._fence(slot, Fence(cause=nf.cause, detail=nf.detail, since=nf.since))
         dead = self._dead_members()
         if not dead:
             return
@@ -872,7 +872,7 @@ class Supervisor:
                     return
                 log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
                           ff.slot, ff.error, ff.slot)
-                self.fenced[ff.slot] = Fence(cause="collective_error", detail=ff.error)
+                self._fence(ff.slot, Fence(cause="collective_error", detail=ff.error))
                 self.pool.kill(ff.slot)
 
     def _blame_quiet_s(self) -> float:
@@ -950,10 +950,19 @@ class Supervisor:
         for slot in slots:
             log.error("%s is hung at step %d (%s): fencing it (SIGKILL)", slot,
                       self.last_step, why)
-            self.fenced[slot] = Fence(cause="hang", detail=f"{slot} hung at step "
-                                      f"{self.last_step}: {why}", since=self._advanced_at)
+            self._fence(slot, Fence(cause="hang", detail=f"{slot} hung at step "
+                                    f"{self.last_step}: {why}", since=self._advanced_at))
             self.pool.kill(slot)
         self._advanced_at = None
+
+    def _fence(self, slot: str, fence: Fence) -> None:
+        """Count ``slot`` dead without seeing it die, and tell it so in the store
+        (:func:`runtime.protocol.fenced_key`) before any generation that excludes it is
+        published: if it runs again (a frozen host thawed, a cut link healed) it exits
+        without writing anything, and its progress is refused here."""
+        self.fenced[slot] = fence
+        self.store.set(P.fenced_key(slot), json.dumps(
+            {"gen": self.gen, "cause": fence.cause, "detail": fence.detail[:300]}))
 
     def _handle_ready(self) -> None:
         rec = self.recovery
@@ -1095,6 +1104,8 @@ class Supervisor:
         if not self.store.check([P.KEY_PROGRESS]):
             return
         prog = json.loads(self.store.get(P.KEY_PROGRESS))
+        if prog.get("slot") in self.fenced:
+            return  # a fenced rank 0 that came back: not the job's progress (refused)
         now = time.time()
         seen = (int(prog.get("gen", -1)), int(prog["step"]))
         if seen != self._progress_seen:
