@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ import pytest
 
 from runtime.sink import JsonlFileSink
 from runtime.supervisor import LaunchConfig, launch
+from tests.runtime.netns import Netns
 
 #: run(script, args, workers=2, env=None) -> where rank 0's final state is (see failure_free).
 Reference = Callable[..., Path]
@@ -59,3 +60,23 @@ def failure_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
         return made[key]
 
     return run
+
+
+@pytest.fixture
+def netns(tmp_path: Path) -> Iterator[Callable[[int], Netns]]:
+    """``make(hosts)``: a :class:`tests.runtime.netns.Netns` of ``hosts`` hosts, each in a
+    network namespace of its own with its own machine id, on a private switch (freeze,
+    thaw, cut, heal; :class:`tests.runtime.netns.NetnsCluster` runs ``yoco run`` on them).
+    Every process on them is killed and the namespaces deleted at the end of the test,
+    whatever its outcome (and any a crashed run left are deleted when the next one is
+    made)."""
+    made: list[Netns] = []
+
+    def make(hosts: int) -> Netns:
+        net = Netns(hosts, tmp_path / f"netns{len(made)}")
+        made.append(net)
+        return net
+
+    yield make
+    for net in made:
+        net.close()
