@@ -25,6 +25,7 @@ from runtime import records as R
 from runtime.checkpointing import Checkpointer
 from runtime.errors import CheckpointError
 from runtime.nodepool import NodePool, machine_id
+from runtime.processes import process_exiting
 from runtime.sink import JsonlFileSink
 from runtime.state import write_checkpoint
 from runtime.supervisor import LaunchConfig, Supervisor
@@ -177,11 +178,9 @@ def test_deaths_seen_in_one_pass_are_one_failure(supervisor: Callable[..., Super
     pids = [sup.pool.procs[w].pid for w in (w0, w1)]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    for pid in pids:  # both dead before the supervisor looks
-        with contextlib.suppress(ChildProcessError):
-            while not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] \
-                    in "ZX":
-                time.sleep(0.005)
+    for pid in pids:  # both dying before the supervisor looks
+        while not process_exiting(pid):
+            time.sleep(0.005)
     _until_recorded(sup, 1)
     [f] = _failures(sup)
     assert f"{w0} exit -9" in f["detail"] and f"{w1} exit -9" in f["detail"]
