@@ -6,10 +6,12 @@ run, every record exactly once."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from runtime.faults import parse_fault
+from runtime.processes import process_exiting
 from runtime.sink import JsonlFileSink
 from runtime.supervisor import LaunchConfig, launch
 from tests.runtime.conftest import Reference
@@ -198,3 +201,71 @@ def test_a_run_folder_on_a_full_disk_finishes_and_records_the_true_rollback(
     assert outcome["lost_steps"] == fail["step"] - 5 > 5, (fail, outcome)
     _assert_identical(ref, out)
 
+
+
+COORDINATOR = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                  timeout=timedelta(seconds=60))
+s.set("job", "wd")
+while True:
+    s.add("coordinator/beat", 1)
+    time.sleep(0.1)
+"""
+
+
+def test_an_agent_blocked_on_a_frozen_coordinator_stops_its_processes_and_exits_4(
+        tmp_path: Path) -> None:
+    # The coordinator's process (its store and its heartbeat) is frozen: every store call
+    # of the agent blocks. Its watchdog still ends it: the worker it started is killed
+    # and the agent exits 4 (documented deadline: 5 s after the last beat it saw).
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from runtime import protocol as P
+    from runtime.nodes import free_rendezvous_port
+    from tests.runtime.test_nodes import ROOT
+
+    port = free_rendezvous_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    coord = subprocess.Popen([sys.executable, "-c", COORDINATOR, str(port)], env=env)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    log = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "yoco.cli_runtime", "run", "--nnodes", "2", "--node-rank", "1",
+         "--node-name", "host1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--job-id", "wd",
+         "--runs-root", str(tmp_path / "runs"), "--no-nvml", str(sleeper)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=timedelta(seconds=60))
+        deadline = time.monotonic() + 240
+        while not store.check([P.node_info_key(1)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        store.queue_push(P.node_requests_key(1), json.dumps({"op": "spawn", "slot": "w0"}))
+        pid = 0
+        while not pid and time.monotonic() < deadline:
+            if int(store.queue_len(P.KEY_AGENT_EVENTS)):
+                ev = json.loads(store.queue_pop(P.KEY_AGENT_EVENTS, False))
+                pid = int(ev["pid"]) if ev["kind"] == "started" else 0
+            time.sleep(0.05)
+        assert pid, (tmp_path / "agent.log").read_text()
+        os.kill(coord.pid, signal.SIGSTOP)
+        assert agent.wait(timeout=120) == 4, (tmp_path / "agent.log").read_text()
+        assert "the coordinator is lost (no coordinator heartbeat" in \
+            (tmp_path / "agent.log").read_text()
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and \
+                not process_exiting(pid):
+            time.sleep(0.05)
+        assert process_exiting(pid)  # killed (dead, or being reaped)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(coord.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.killpg(agent.pid, signal.SIGKILL)
+        coord.wait()
+        agent.wait()
