@@ -12,7 +12,10 @@ killed where this machine can reach them; elsewhere the next generation excludes
 a process that wakes up finds itself in no plan and leaves). A silent node on this
 machine whose agent and processes ``/proc`` shows *stopped* (a frozen host: its process
 group SIGSTOPped) is fenced sooner, after :func:`runtime.processes.stopped_deadline`
-(3 steady steps, at least 0.25 s): a stopped process cannot be merely slow.
+(3 steady steps, at least 0.25 s): a stopped process cannot be merely slow. Silences are
+judged together (:func:`runtime.detection.partition_verdict`): when the silent hosts leave
+the coordinator without a majority, the coordinator is the one cut off -- it loses nobody
+and sets :attr:`NodePool.cut_off`, and the supervisor stops without recording anything.
 
 Placement: each node runs up to ``nproc`` processes (one per GPU). A new process goes to
 the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` processes
