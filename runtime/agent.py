@@ -273,10 +273,18 @@ class Agent:
             zygote.kill()
 
     def _serve_requests(self) -> None:
+        # Popped until empty, never counted first: torch's ``queue_len`` keeps the GIL while
+        # it waits for the store's answer, so through a partition (an answer that never
+        # comes: the call was seen blocked for 45 s) it froze every thread of the agent,
+        # the coordinator watchdog included (gdb: the watchdog in take_gil, the main thread
+        # in TCPStore::queueLen). ``queue_pop`` releases the GIL while it waits.
         key = P.node_requests_key(self.rank)
-        n = int(self.store.queue_len(key))
-        for _ in range(n):
-            req = json.loads(self.store.queue_pop(key, False))
+        while True:
+            try:
+                raw = self.store.queue_pop(key, False)
+            except dist.QueueEmptyError:
+                return
+            req = json.loads(raw)
             slot = str(req["slot"])
             if req["op"] == "spawn":
                 self._spawn(slot, dict(req.get("env", {})))
