@@ -1,7 +1,8 @@
 """The supervisor's typed state: incidents, the recovery in progress, pending moves.
 
-An *incident* is one failure event waiting for its outcome (deaths within 1 s of an
-unplanned failure still recovering are merged into it). A *recovery* is the membership
+An *incident* is one failure event waiting for its outcome (deaths seen before its
+failure record is written are merged into it; later ones are incidents of their own in
+the same recovery: a written record is never rewritten). A *recovery* is the membership
 change under way for the pending incidents; a *move* is a pre-emptive or planned
 migration waiting for a ready spare.
 """
