@@ -999,7 +999,9 @@ class Supervisor:
     def _observe_beats(self) -> None:
         """Note, on this supervisor's monotonic clock, when each member's heartbeat last
         changed (the worker's own clock, maybe another host's, is never compared with
-        this one's)."""
+        this one's). Observations are kept: a beat carries its writer's time, so one
+        unchanged since an earlier look has not been written since (steady training
+        writes none)."""
         now = time.monotonic()
         for slot in self.members:
             raw = self.store.get(P.beat_key(slot)) \
@@ -1025,7 +1027,6 @@ class Supervisor:
     def _handle_watchdog(self, now: float) -> None:
         if self._advanced_at is None or self.recovery.active:
             self._stopped_since.clear()
-            self._beats.clear()
             return
         stalled = now - self._advanced_at
         if self.pool.quiet_nodes():
@@ -1034,7 +1035,6 @@ class Supervisor:
             return
         deadline = self.hang_deadline()
         if stalled < deadline / 3:
-            self._beats.clear()
             return
         self._observe_beats()  # from a third of the deadline: who still beats
         if stalled < deadline:
