@@ -303,7 +303,8 @@ def issue(
                     with unit_of_work(ctx.engine) as s:
                         sign_log(s, ctx.signer, cid, prefix)
         else:
-            assert month is not None
+            if month is None:  # the options' check above leaves one of --month/--year
+                fail("give --month YYYY-MM or --year K")
             try:
                 y, mon = rm.parse_month(month)
             except ReportError as exc:

@@ -19,6 +19,7 @@ from tests.reports.conftest import app_ctx, engine_, seed
 
 __all__ = ["WitnessProcess", "app_ctx", "engine_", "seed", "witnesses"]
 
+VERIFIER = Path(__file__).resolve().parents[2] / "verifier"
 _READY = re.compile(r"witness (\S+) on http://127\.0\.0\.1:(\d+)/")
 
 
@@ -58,8 +59,13 @@ class WitnessProcess:
                 "--listen", f"127.0.0.1:{self.port}"]
         for spec in self.logs:
             args += ["--log", spec]
+        # the verifier package from this checkout (its own folder, as a customer installs
+        # it), whether or not it is installed in this environment
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(VERIFIER), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=dict(os.environ))
+                                     text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         m = _READY.search(line)

@@ -21,8 +21,7 @@ from sqlalchemy.orm import Session
 from reports import issued as ri
 from reports.documents import document_of
 from reports.models import STATEMENT
-from reports.monthly import PreparedReport, file_stem, finish_report
-from reports.statement import statement_stem
+from reports.monthly import PreparedReport, finish_report
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
@@ -59,11 +58,11 @@ def issued_headers(doc: ri.IssuedReport, body: bytes) -> dict[str, str]:
 
 def download_name(contract_id: str, period: str, ext: str, draft: bool) -> str:
     """The file name of a report (``YYYY-MM``) or statement (``year-K``) download (a
-    draft's says so)."""
+    draft's says so), with the contract id as it is: :func:`web.render.attachment` gives
+    it exactly in ``filename*`` and a safe ASCII form for older clients."""
     if document_of(period) == STATEMENT:
-        return statement_stem(contract_id, int(period.removeprefix("year-"))) + "." + ext
-    y, m = int(period[:4]), int(period[5:7])
-    return file_stem(contract_id, y, m) + ("-draft" if draft else "") + "." + ext
+        return f"yoco-statement-{contract_id}-{period}.{ext}"
+    return f"yoco-sla-{contract_id}-{period}{'-draft' if draft else ''}.{ext}"
 
 
 @router.get("/contracts/{contract_id}/reports")
