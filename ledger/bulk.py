@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -154,3 +155,37 @@ def copy_dicts(session: Session, table: str, rows: Sequence[dict[str, Any]]) -> 
         return
     columns = list(rows[0])
     copy_rows(session, table, columns, ([r[c] for c in columns] for r in rows))
+
+
+#: Planner settings under which a lookup by a list of ids runs (:func:`index_probes`):
+#: with sequential scans, hash joins and merge joins priced out, the one plan left is a
+#: nested loop of unique-index probes, one per id, whatever the table's statistics say.
+INDEX_PROBE_SETTINGS = (
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+)
+
+
+@contextmanager
+def index_probes(cursor: Any) -> Iterator[None]:
+    """Run the statements of the block with :data:`INDEX_PROBE_SETTINGS`, then restore.
+
+    For lookups of many ids joined against ``unnest(%s::uuid[])``: the planner's choice
+    otherwise follows the statistics, and once they say the id list is a sizeable part of
+    the table it flips to a sequential scan (issue 25: 12,000 ids against 22,624 entries
+    took 287 s). ``cursor`` is a psycopg cursor inside the caller's transaction; the
+    settings are transaction-local (``set_config(..., true)``) and put back as they were
+    when the block ends; if it raises, the caller's transaction is rolled back, which
+    drops them too.
+    """
+    names = [name for name, _ in INDEX_PROBE_SETTINGS]
+    cursor.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
+    before = cursor.fetchone()
+    cursor.execute(
+        "SELECT " + ", ".join(f"set_config('{n}', '{v}', true)" for n, v in INDEX_PROBE_SETTINGS)
+    )
+    yield
+    cursor.execute(
+        "SELECT " + ", ".join(f"set_config('{n}', %s, true)" for n in names), tuple(before)
+    )

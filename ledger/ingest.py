@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import journal, merkle, projections
+from ledger import bulk, journal, merkle, projections
 from ledger.errors import IngestRefused
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
@@ -345,25 +345,43 @@ def ingest_stream(
             worker.close()
 
 
-def _existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
+#: The idempotency probe (:func:`existing_leaves`): the stored bytes of the entries whose
+#: event id is in the ``uuid[]`` parameter. A join against the unnested ids, run under
+#: :func:`ledger.bulk.index_probes`, is one probe of the unique index an id: its cost
+#: grows with the ids, never with the journal, and no statistics can turn it into a scan
+#: (issue 25). The array is parsed once, by the function scan, not once a row.
+EXISTING_SQL = (
+    "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
+    "JOIN journal_entries j ON j.event_id = q.id"
+)
+#: Ids sent in one probe: bounds the statement's parameter (~37 bytes an id).
+PROBE_CHUNK = 50000
+
+
+def uuid_array(ids: Sequence[str]) -> str:
+    """The ``uuid[]`` literal of canonical UUID strings (one parameter, parsed once).
+
+    An ``IN`` list of 10,000 bound parameters, or a list the driver adapts item by item,
+    costs more to build and parse than the index probes themselves.
+    """
+    return "{" + ",".join(ids) + "}"
+
+
+def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
     """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 
     ``event_ids`` are canonical (lowercase) UUID strings, and so are the keys returned.
-    The ids go to the server as one ``uuid[]`` literal: an ``IN`` list of 10,000 bound
-    parameters, or a list the driver adapts item by item, cost more to build and parse
-    than the index probes themselves.
+    Promises one unique-index probe per id (:data:`EXISTING_SQL`), whatever the size and
+    statistics of the journal (``tests/ledger/test_probe_plan_db.py``).
     """
     found: dict[str, bytes] = {}
     conn = session.connection().connection.driver_connection
-    assert conn is not None
+    if conn is None:
+        raise RuntimeError("the session's connection is closed")
     leaf_hash = merkle.leaf_hash
-    with conn.cursor(binary=True) as cur:
-        for start in range(0, len(event_ids), 50000):
-            cur.execute(
-                "SELECT event_id::text, canonical FROM journal_entries "
-                "WHERE event_id = ANY(%s::text::uuid[])",
-                ("{" + ",".join(event_ids[start : start + 50000]) + "}",),
-            )
+    with conn.cursor(binary=True) as cur, bulk.index_probes(cur):
+        for start in range(0, len(event_ids), PROBE_CHUNK):
+            cur.execute(EXISTING_SQL, (uuid_array(event_ids[start : start + PROBE_CHUNK]),))
             for eid, canonical in cur:
                 found[eid] = leaf_hash(bytes(canonical))
     return found
@@ -436,7 +454,7 @@ def _ingest_indexed(
     order = plan.order
 
     sizes = journal.lock_logs(session, contract_ids)
-    existing = _existing_leaves(session, event_ids)
+    existing = existing_leaves(session, event_ids)
     if existing:
         fresh: list[int] = []
         leaves = plan.leaves
