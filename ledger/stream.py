@@ -199,8 +199,10 @@ def _scan(
             )
         )
         index.offsets.append(line_start)
-        index.leaves.append(leaf_hash(record.canonical))
-        if spool is not None:
+        if spool is None:
+            index.leaves.append(leaf_hash(record.canonical))
+        else:
+            # Its leaf hash comes with its encoded row (_spool): one hash a record.
             pending.append(record)
             if len(pending) >= SPOOL_BATCH:
                 _spool(index, pending, kinds)
@@ -349,6 +351,7 @@ def _spool(index: FileIndex, records: list[Record], kinds: frozenset[str] | None
     encoded = journal.encode_entries(
         (r.kind, r.event_id, r.contract_id, r.occurred_at, r.canonical) for r in records
     )
+    index.leaves.extend(encoded.leaves)
     at = spool.tell()
     pieces: list[bytes] = []
     dumps = pickle.dumps
