@@ -388,19 +388,6 @@ EXISTING_SQL = (
     "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
     "JOIN journal_entries j ON j.event_id = q.id"
 )
-#: Ids sent in one probe: bounds the statement's parameter (~37 bytes an id).
-PROBE_CHUNK = 50000
-
-
-def uuid_array(ids: Sequence[str]) -> str:
-    """The ``uuid[]`` literal of canonical UUID strings (one parameter, parsed once).
-
-    An ``IN`` list of 10,000 bound parameters, or a list the driver adapts item by item,
-    costs more to build and parse than the index probes themselves.
-    """
-    return "{" + ",".join(ids) + "}"
-
-
 def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
     """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 
@@ -408,17 +395,11 @@ def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, byt
     Promises one unique-index probe per id (:data:`EXISTING_SQL`), whatever the size and
     statistics of the journal (``tests/ledger/test_probe_plan_db.py``).
     """
-    found: dict[str, bytes] = {}
-    conn = session.connection().connection.driver_connection
-    if conn is None:
-        raise RuntimeError("the session's connection is closed")
     leaf_hash = merkle.leaf_hash
-    with conn.cursor(binary=True) as cur, bulk.index_probes(cur):
-        for start in range(0, len(event_ids), PROBE_CHUNK):
-            cur.execute(EXISTING_SQL, (uuid_array(event_ids[start : start + PROBE_CHUNK]),))
-            for eid, canonical in cur:
-                found[eid] = leaf_hash(bytes(canonical))
-    return found
+    return {
+        eid: leaf_hash(bytes(canonical))
+        for eid, canonical in bulk.probe(session, EXISTING_SQL, event_ids)
+    }
 
 
 @dataclass(slots=True)

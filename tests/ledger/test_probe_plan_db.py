@@ -26,7 +26,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from billing.projections import FAILURE_TIMES
 from ledger import bulk
+from ledger.bulk import uuid_array
 from ledger.contracts import add_contracts
 from ledger.ingest import (
     EXISTING_SQL,
@@ -35,8 +37,8 @@ from ledger.ingest import (
     existing_leaves,
     ingest_batch,
     ingest_stream,
-    uuid_array,
 )
+from ledger.projections import FAILURES_BY_ID
 from ledger.records import parse_contracts
 from tests import factories as f
 from yoco.app import extra_projectors
@@ -88,13 +90,15 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def _probe_plan(session: Session, ids: list[str]) -> list[dict[str, Any]]:
-    """The plan nodes of the probe as the code runs it, and the settings put back after."""
+def _probe_plan(
+    session: Session, ids: list[str], sql: str = EXISTING_SQL
+) -> list[dict[str, Any]]:
+    """The plan nodes of a probe as the code runs it, and the settings put back after."""
     conn = session.connection().connection.driver_connection
     assert conn is not None
     with conn.cursor() as cur:
         with bulk.index_probes(cur):
-            cur.execute("EXPLAIN (FORMAT JSON) " + EXISTING_SQL, (uuid_array(ids),))
+            cur.execute("EXPLAIN (FORMAT JSON) " + sql, (uuid_array(ids),))
             (doc,) = cur.fetchone()
         cur.execute("SHOW enable_seqscan")
         assert cur.fetchone() == ("on",), "index_probes must restore the planner's settings"
@@ -121,6 +125,14 @@ def test_the_probe_uses_the_unique_index_whatever_the_statistics(
             assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], (journal, count)
             # And the probe finds exactly the stored ones.
             assert set(existing_leaves(s, ids)) == set(hits)
+            # The projections' lookups of failures by id go the same way.
+            for sql in (FAILURES_BY_ID, FAILURE_TIMES):
+                nodes = _probe_plan(s, ids, sql)
+                assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], (sql, count)
+                assert [
+                    n for n in nodes
+                    if n.get("Relation Name") == "failures" and "Index" in n["Node Type"]
+                ], (sql, nodes)
 
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
