@@ -213,6 +213,8 @@ def probe(
     joined on a unique index): one index probe an id, whatever the statistics. Rows come
     from a binary cursor (``uuid`` as :class:`uuid.UUID`, ``bytea`` as ``bytes``).
     """
+    if not ids:
+        return []
     conn = session.connection().connection.driver_connection
     if conn is None:
         raise RuntimeError("the session's connection is closed")
