@@ -105,8 +105,10 @@ def yoco(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def timed_ingest(env: dict[str, str], path: Path) -> tuple[float, int, str]:
-    """``yoco ledger ingest PATH`` in a wrapper of its own: (seconds, peak KiB, output)."""
+def timed_ingest(env: dict[str, str], path: Path, code: Path = ROOT) -> tuple[float, int, str]:
+    """``yoco ledger ingest PATH`` with the ``yoco`` of source tree ``code``, in a wrapper
+    of its own: (seconds, peak KiB, output)."""
+    env = dict(env, PYTHONPATH=os.pathsep.join((str(code), env.get("PYTHONPATH", ""))))
     # The wrapper's RUSAGE_CHILDREN is then the ingest's (and its workers') peak alone.
     wrapper = (
         "import resource, subprocess, sys, time; t = time.monotonic(); "
@@ -118,7 +120,7 @@ def timed_ingest(env: dict[str, str], path: Path) -> tuple[float, int, str]:
     done = subprocess.run(
         [sys.executable, "-c", wrapper, sys.executable, "-m", "yoco.cli", "ledger", "ingest",
          str(path)],
-        env=env, cwd=ROOT, capture_output=True, text=True, check=True,
+        env=env, cwd=code, capture_output=True, text=True, check=True,
     )
     head, _, out = done.stdout.partition("\n")
     rc, seconds, peak = head.split()
@@ -156,6 +158,37 @@ def fill(db: Any, cids: list[str], total: int, seed: int, batch: int = 20000) ->
     finally:
         engine.dispose()
     return time.monotonic() - t
+
+
+def copy_database(base: str, db: Any) -> Any:
+    """A copy of database ``db`` (``CREATE DATABASE ... TEMPLATE``, as the superuser)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from yoco.database import (
+        CLI_LOGIN,
+        OWNER_ROLE,
+        PORTAL_LOGIN,
+        SINK_LOGIN,
+        Database,
+        login_url,
+    )
+
+    name = make_url(db.url).database
+    copy = f"{name}_c{uuid.uuid4().hex[:6]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{copy}" TEMPLATE "{name}" OWNER {OWNER_ROLE}'))
+    finally:
+        admin.dispose()
+    url = make_url(base).set(database=copy).render_as_string(hide_password=False)
+    return Database(
+        url=login_url(url, CLI_LOGIN),
+        owner_url=login_url(url, OWNER_ROLE),
+        portal_url=login_url(url, PORTAL_LOGIN),
+        sink_url=login_url(url, SINK_LOGIN),
+    )
 
 
 def analyze(db: Any) -> int:
@@ -201,6 +234,11 @@ def main() -> None:
                         help="lines of the file ingested after `yoco demo`")
     parser.add_argument("--tenants", type=int, default=4, help="customers (one contract each)")
     parser.add_argument("--skip-demo", action="store_true", help="only the large case")
+    parser.add_argument(
+        "--code", type=Path, action="append",
+        help="source tree(s) whose `yoco ledger ingest` is timed, each on a fresh copy of "
+        "the large case's ledger (default: this one); pass an older checkout to compare",
+    )
     args = parser.parse_args()
 
     from yoco.database import embedded_url, ensure_database, prepare, start_embedded
@@ -234,9 +272,19 @@ def main() -> None:
     data = tmp / "records.jsonl"
     lines = write_file(data, new_ids, args.records, seed=101)
     print(f"file: {data.stat().st_size / 1e6:.0f} MB, {lines:,} lines (SIMULATED)", flush=True)
-    load = load_now()
-    seconds, peak, out = timed_ingest(env, data)
-    report("large", lines, held, seconds, peak, load, out)
+    codes = args.code or [ROOT]
+    template = db
+    for i, code in enumerate(codes):
+        if i + 1 < len(codes):
+            # Each tree gets the same ledger: a copy of it, made before the ingest.
+            db = copy_database(base, template)
+            env = cli_env(db, tmp / f"data-large-{i}")
+        else:
+            db = template
+            env = cli_env(db, tmp / "data-large")
+        load = load_now()
+        seconds, peak, out = timed_ingest(env, data, code)
+        report(f"large [{code}]", lines, held, seconds, peak, load, out)
 
     if args.skip_demo:
         return
