@@ -40,8 +40,9 @@ from billing.models import (
     Reclassification,
 )
 from billing.years import year_of
+from ledger.bulk import probe
 from ledger.errors import InvariantBroken
-from ledger.models import Contract, Failure
+from ledger.models import Contract
 from ledger.projections import ProjectedEntry, ProjectionError, Projector
 
 __all__ = ["BILLING_KINDS", "KINDS", "LATE_KINDS", "PROJECTORS", "TABLES", "project_billing"]
@@ -66,6 +67,13 @@ BILLING_KINDS = frozenset(
 LATE_KINDS = frozenset({"failure", "outcome", "exclusion", "reclassification"})
 #: Every kind :func:`project_billing` reads (a replay may skip the others).
 KINDS = BILLING_KINDS | LATE_KINDS
+
+#: When each failure happened, by event id: one index probe an id whatever the
+#: statistics (:func:`ledger.bulk.probe`, issue 25).
+FAILURE_TIMES = (
+    "SELECT f.event_id, f.occurred_at FROM unnest(%s::uuid[]) AS q(id) "
+    "JOIN failures f ON f.event_id = q.id"
+)
 
 
 def _uuid(value: Any) -> uuid.UUID:
@@ -116,13 +124,8 @@ class _Batch:
 
     def prefetch_failures(self, ids: set[uuid.UUID]) -> None:
         missing = sorted(ids - set(self._failure_times))
-        for lo in range(0, len(missing), 10000):
-            for eid, at in self.session.execute(
-                select(Failure.event_id, Failure.occurred_at).where(
-                    Failure.event_id.in_(missing[lo : lo + 10000])
-                )
-            ):
-                self._failure_times[eid] = at
+        for eid, at in probe(self.session, FAILURE_TIMES, missing):
+            self._failure_times[eid] = at
 
     def failure_time(self, eid: uuid.UUID) -> datetime | None:
         return self._failure_times.get(eid)

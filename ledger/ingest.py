@@ -19,6 +19,7 @@ words whichever way it came (``tests/ledger/test_one_path_db.py``).
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -26,18 +27,18 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import journal, merkle, plausibility, projections
+from ledger import bulk, journal, merkle, plausibility, projections
 from ledger.errors import IngestRefused, InvariantBroken
 from ledger.ids import is_producer_event_id
 from ledger.models import Contract
 from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
 from ledger.records import OrderKey, Record, RecordError
-from ledger.stream import FileIndex, index_file, read_records
+from ledger.stream import FileIndex, index_file, read_records, read_spooled
 
 
 @dataclass(slots=True)
@@ -186,6 +187,14 @@ def _file_plan(index: FileIndex) -> _Plan:
 
 
 def _file_loader(index: FileIndex, fh: Any) -> Callable[[list[int]], _Part]:
+    if index.spool is not None:
+
+        def load_spooled(part: list[int]) -> _Part:
+            spooled = read_spooled(index, part)
+            return _Part(spooled.entries, spooled.projected)
+
+        return load_spooled
+
     def load(part: list[int]) -> _Part:
         records = read_records(index, part, fh)
         return _Part(
@@ -218,13 +227,19 @@ class FileBatch:
     """A JSONL file, located by line, validated and appended in bounded memory.
 
     ``progress`` is called with the bytes validated so far; the records are appended
-    ``chunk`` at a time, re-read from the file (see :mod:`ledger.stream`).
+    ``chunk`` at a time, read back from a temporary spool the validation wrote (see
+    :mod:`ledger.stream`). ``projected_kinds`` as for :func:`prepare_batch`: the kinds
+    whose bodies the projectors are shown (None: all); the others' are not kept.
+    ``workers``: processes that validate a large file's lines at once (0: this one; see
+    :func:`ledger.stream.index_file`).
     """
 
     path: Path
     now: datetime | None = None
     progress: Callable[[int], None] | None = None
     chunk: int = 5000
+    projected_kinds: Collection[str] | None = None
+    workers: int = 0
 
 
 def ingest_batch(
@@ -254,23 +269,8 @@ def ingest_batch(
     ``progress`` is called with the number of records handled after each chunk.
     """
     if isinstance(batch, FileBatch):
-        index = index_file(batch.path, now=batch.now, progress=batch.progress)
-        what = str(batch.path)
-        if index.error_count:
-            raise IngestRefused(index.errors, what, count=index.error_count)
-        if before_write is not None:
-            before_write(index.keys)
-        with index.path.open("rb") as fh, unit() as session:
-            return _ingest_indexed(
-                session,
-                _file_plan(index),
-                _file_loader(index, fh),
-                projectors,
-                chunk=batch.chunk,
-                keep_stored=False,
-                progress=progress,
-                what=what,
-            )
+        with tempfile.TemporaryFile(prefix="yoco-ingest-") as spool:
+            return _ingest_spooled(unit, batch, spool, projectors, before_write, progress)
     prepared = prepare_batch(batch.objs, batch.what, batch.now)
     if prepared.errors:
         raise IngestRefused(prepared.errors, prepared.what)
@@ -282,6 +282,40 @@ def ingest_batch(
         # Identical repeats collapse, so record i is not always element i: the refusals
         # name the element of the caller's batch.
         return append_prepared(session, prepared, projectors, progress=progress)
+
+
+def _ingest_spooled(
+    unit: Callable[[], AbstractContextManager[Session]],
+    batch: FileBatch,
+    spool: BinaryIO,
+    projectors: Sequence[projections.Projector],
+    before_write: Callable[[Sequence[OrderKey]], None] | None,
+    progress: Callable[[int], None] | None,
+) -> IngestResult:
+    index = index_file(
+        batch.path,
+        now=batch.now,
+        progress=batch.progress,
+        spool=spool,
+        projected_kinds=batch.projected_kinds,
+        workers=batch.workers,
+    )
+    what = str(batch.path)
+    if index.error_count:
+        raise IngestRefused(index.errors, what, count=index.error_count)
+    if before_write is not None:
+        before_write(index.keys)
+    with unit() as session:
+        return _ingest_indexed(
+            session,
+            _file_plan(index),
+            _file_loader(index, None),
+            projectors,
+            chunk=batch.chunk,
+            keep_stored=False,
+            progress=progress,
+            what=what,
+        )
 
 
 def ingest_stream(
@@ -346,29 +380,27 @@ def ingest_stream(
             worker.close()
 
 
-def _existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
+#: The idempotency probe (:func:`existing_leaves`): the stored bytes of the entries whose
+#: event id is in the ``uuid[]`` parameter. A join against the unnested ids, run under
+#: :func:`ledger.bulk.index_probes`, is one probe of the unique index an id: its cost
+#: grows with the ids, never with the journal, and no statistics can turn it into a scan
+#: (issue 25). The array is parsed once, by the function scan, not once a row.
+EXISTING_SQL = (
+    "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
+    "JOIN journal_entries j ON j.event_id = q.id"
+)
+def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
     """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 
     ``event_ids`` are canonical (lowercase) UUID strings, and so are the keys returned.
-    The ids go to the server as one ``uuid[]`` literal: an ``IN`` list of 10,000 bound
-    parameters, or a list the driver adapts item by item, cost more to build and parse
-    than the index probes themselves.
+    Promises one unique-index probe per id (:data:`EXISTING_SQL`), whatever the size and
+    statistics of the journal (``tests/ledger/test_probe_plan_db.py``).
     """
-    found: dict[str, bytes] = {}
-    conn = session.connection().connection.driver_connection
-    if conn is None:
-        raise InvariantBroken("the session's database connection is closed")
     leaf_hash = merkle.leaf_hash
-    with conn.cursor(binary=True) as cur:
-        for start in range(0, len(event_ids), 50000):
-            cur.execute(
-                "SELECT event_id::text, canonical FROM journal_entries "
-                "WHERE event_id = ANY(%s::text::uuid[])",
-                ("{" + ",".join(event_ids[start : start + 50000]) + "}",),
-            )
-            for eid, canonical in cur:
-                found[eid] = leaf_hash(bytes(canonical))
-    return found
+    return {
+        eid: leaf_hash(bytes(canonical))
+        for eid, canonical in bulk.probe(session, EXISTING_SQL, event_ids)
+    }
 
 
 @dataclass(slots=True)
@@ -438,7 +470,7 @@ def _ingest_indexed(
     order = plan.order
 
     sizes = journal.lock_logs(session, contract_ids)
-    existing = _existing_leaves(session, event_ids)
+    existing = existing_leaves(session, event_ids)
     if existing:
         fresh: list[int] = []
         leaves = plan.leaves

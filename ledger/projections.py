@@ -19,14 +19,21 @@ from sqlalchemy import select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from ledger.bulk import copy_dicts
+from ledger.bulk import copy_dicts, probe
 from ledger.errors import ensure
 from ledger.models import (
     PROJECTION_TABLES,
     Contract,
-    Failure,
     JobSpan,
     JournalEntry,
+)
+
+#: Failures by event id, for the references of outcomes and exclusions: a join on the
+#: failures' primary key against the unnested ids (:func:`ledger.bulk.probe`), one index
+#: probe an id whatever the statistics (issue 25).
+FAILURES_BY_ID = (
+    "SELECT f.event_id, f.contract_id, f.seq FROM unnest(%s::uuid[]) AS q(id) "
+    "JOIN failures f ON f.event_id = q.id"
 )
 
 
@@ -231,11 +238,7 @@ def _project_failures(session: Session, entries: Sequence[ProjectedEntry]) -> li
     known: dict[uuid.UUID, tuple[str, int]] = {e.event_id: (e.log_id, e.seq) for e in failures}
     wanted = {_uuid(e.body["failure_event_id"]) for e in refs} - set(known)
     if wanted:
-        for eid, contract_id, seq in session.execute(
-            select(Failure.event_id, Failure.contract_id, Failure.seq).where(
-                Failure.event_id.in_(list(wanted))
-            )
-        ):
+        for eid, contract_id, seq in probe(session, FAILURES_BY_ID, sorted(wanted)):
             known[eid] = (contract_id, seq)
     outcome_rows: list[dict[str, Any]] = []
     exclusion_rows: list[dict[str, Any]] = []

@@ -20,6 +20,7 @@ import contextlib
 import os
 import pickle
 import queue
+import signal
 import struct
 import subprocess
 import sys
@@ -110,7 +111,12 @@ class PrepareWorker:
     def submit(self, *args: Any) -> None:
         """Queue ``prepare_batch(*args)`` in the child."""
         self._pending += 1
-        self._outbox.put(args)
+        self._outbox.put(("prepare", args))
+
+    def submit_index(self, *args: Any) -> None:
+        """Queue ``ledger.stream.index_range(*args)`` in the child (a file's share)."""
+        self._pending += 1
+        self._outbox.put(("index", args))
 
     def result(self) -> Any:
         """The next prepared batch, in submission order (blocks until it is ready)."""
@@ -150,16 +156,22 @@ class PrepareWorker:
 
 
 def _serve(source: IO[bytes], out: IO[bytes]) -> None:
-    """The child's loop: prepare each batch read from ``source``, write it to ``out``."""
+    """The child's loop: run each task read from ``source``, write its result to ``out``.
+
+    A task is ``("prepare", (objs, what, now, kinds))`` (a batch to prepare) or
+    ``("index", args)`` (:func:`ledger.stream.index_range`).
+    """
     from ledger.prepare import prepare_batch
+    from ledger.stream import index_range
 
     while (frame := _read_frame(source)) is not None:
-        objs, what, now, kinds = pickle.loads(frame)  # noqa: S301 (from the parent's pipe)
+        task, args = pickle.loads(frame)  # noqa: S301 (from the parent's pipe)
         try:
-            reply: tuple[str, Any] = (
-                "ok",
-                prepare_batch(objs, what, now, kinds, keep_keys=False),
-            )
+            if task == "index":
+                reply: tuple[str, Any] = ("ok", index_range(*args))
+            else:
+                objs, what, now, kinds = args
+                reply = ("ok", prepare_batch(objs, what, now, kinds, keep_keys=False))
         except Exception as exc:  # sent back and raised in the parent
             reply = ("error", exc)
         try:
@@ -172,6 +184,9 @@ def _serve(source: IO[bytes], out: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole foreground process group: the parent handles it and ends
+    # this child (close(), or EOF on its pipe), which must not die on its own first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The pipes carry frames only: anything printed goes to stderr instead.
     protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -416,7 +416,10 @@ def ledger_ingest(
     any refused record (named by line and field) means nothing is written. The order
     of lines does not matter (records are appended in causal order). Large files are
     streamed in bounded memory, with a progress bar on stderr when it is a terminal.
+    Ctrl-C before the file is committed writes nothing (exit status 130).
     """
+    import signal
+
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -427,51 +430,91 @@ def ledger_ingest(
 
     from ledger.errors import IngestRefused
     from ledger.ingest import FileBatch, ingest_batch
+    from ledger.projections import KINDS
+    from ledger.stream import default_workers
+    from yoco.app import extra_projected_kinds
     from yoco.database import unit_of_work
 
+    # Ctrl-C raises KeyboardInterrupt (the unit of work rolls back) until the file's
+    # commit starts; from then on it waits for the commit, so "nothing written" is
+    # never said of a file that was written.
+    committing = False
+    late_interrupt = False
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal late_interrupt
+        if committing:
+            late_interrupt = True
+            return
+        raise KeyboardInterrupt
+
     # The one ingest path (ledger.ingest.ingest_batch), in two passes in bounded memory:
-    # validate every line into a compact index (before the database is even started),
-    # then append in causal order, re-reading the lines chunk by chunk, in one unit of work.
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as bar, application(schema=False) as ctx:
-        size = file.stat().st_size
-        task = bar.add_task("validating", total=size)
-        steps: list[Any] = []
+    # validate every line into a compact index and a spool of encoded rows (worker
+    # processes for a large file; before the database is even started), then append
+    # in causal order, reading the spool back chunk by chunk, in one unit of work.
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as bar, application(schema=False) as ctx:
+            size = file.stat().st_size
+            task = bar.add_task("validating", total=size)
+            steps: list[Any] = []
 
-        def appending(keys: Any) -> None:
-            bar.update(task, completed=size)
-            steps.append(bar.add_task("appending", total=len(keys)))
+            def appending(keys: Any) -> None:
+                bar.update(task, completed=size)
+                steps.append(bar.add_task("appending", total=len(keys)))
 
-        def unit() -> Any:
-            ctx.require_schema()
-            return unit_of_work(ctx.engine)
+            @contextmanager
+            def unit() -> Iterator[Any]:
+                nonlocal committing
+                ctx.require_schema()
+                with unit_of_work(ctx.engine) as session:
+                    yield session
+                    committing = True  # the block ends with the commit
 
-        try:
-            result = ingest_batch(
-                unit,
-                FileBatch(file, progress=lambda done: bar.update(task, completed=done)),
-                ctx.projectors,
-                before_write=appending,
-                progress=lambda n: bar.advance(steps[-1], n),
-            )
-        except IngestRefused as exc:
-            err.print(
-                f"[bold red]error:[/] {file}: {exc.count} record(s) refused, nothing written:"
-            )
-            _print_record_errors(exc.errors, more=exc.count - len(exc.errors))
-            raise typer.Exit(2) from None
+            try:
+                result = ingest_batch(
+                    unit,
+                    FileBatch(
+                        file,
+                        progress=lambda done: bar.update(task, completed=done),
+                        projected_kinds=KINDS | extra_projected_kinds(),
+                        workers=default_workers(),
+                    ),
+                    ctx.projectors,
+                    before_write=appending,
+                    progress=lambda n: bar.advance(steps[-1], n),
+                )
+            except IngestRefused as exc:
+                err.print(
+                    f"[bold red]error:[/] {file}: {exc.count} record(s) refused, "
+                    "nothing written:"
+                )
+                _print_record_errors(exc.errors, more=exc.count - len(exc.errors))
+                raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print(
+            f"[bold red]interrupted:[/] {file}: nothing written (a file is appended all or "
+            "nothing); run the same command again to ingest it"
+        )
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(result.by_kind.items())) or "none"
     out.print(
         f"{file}: {result.appended} appended ({kinds}), {result.duplicates} already in the ledger",
         highlight=False,
     )
+    if late_interrupt:
+        err.print(f"interrupted while {file} was being committed: it was written in full")
+        raise typer.Exit(130)
 
 
 @ledger_app.command("verify")

@@ -24,7 +24,7 @@ from billing.projections import KINDS as BILLING_KINDS
 from billing.projections import PROJECTORS, TABLES
 from ledger.contracts import add_contracts
 from ledger.errors import IngestRefused
-from ledger.ingest import RecordBatch, event_id_taken, ingest_batch, ingest_stream
+from ledger.ingest import FileBatch, RecordBatch, event_id_taken, ingest_batch, ingest_stream
 from ledger.prepare import prepare_batch
 from ledger.projections import KINDS, snapshot
 from ledger.records import parse_contracts
@@ -161,6 +161,36 @@ def test_the_stream_stores_what_one_batch_at_a_time_stores(engine, peer_engine) 
     with unit_of_work(engine) as s:
         report = verify_all(s, None, extra=PROJECTORS, extra_tables=TABLES, kinds=PROJECTED)
     assert report.entries == _size(engine)
+
+
+def test_a_file_through_the_spool_and_workers_stores_what_one_batch_stores(
+    engine, peer_engine, tmp_path, monkeypatch
+) -> None:
+    """`yoco ledger ingest`'s path (issue 25): rows spooled by the validation, lines
+    validated by two worker processes, appended in small chunks: the same ledger as the
+    same records posted as one batch."""
+    import ledger.stream
+
+    _contracts(engine, peer_engine)
+    records = [r for b in _stream() for r in b]
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(f.jsonl(records))
+    monkeypatch.setattr(ledger.stream, "PARALLEL_MIN_BYTES", 0)
+    result = ingest_batch(
+        lambda: unit_of_work(engine),
+        FileBatch(path, now=NOW, chunk=7, projected_kinds=PROJECTED, workers=2),
+        PROJECTORS,
+    )
+    expected = ingest_batch(
+        lambda: unit_of_work(peer_engine), RecordBatch(records, now=NOW), PROJECTORS
+    )
+    assert (result.appended, result.duplicates, result.by_kind) == (
+        expected.appended, expected.duplicates, expected.by_kind
+    )
+    assert result.appended == len(records)
+    assert _journal(engine) == _journal(peer_engine)
+    assert _nodes(engine) == _nodes(peer_engine)
+    assert _projections(engine) == _projections(peer_engine)
 
 
 @pytest.mark.slow
