@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 
 from ledger import journal
 from ledger.canonical import JsonInputError, parse_json_strict
+from ledger.errors import InvariantBroken
 from ledger.merkle import leaf_hash
 from ledger.records import OrderKey, Record, RecordError, order_key
 from yoco_records.schema import _line_error, validate_record
@@ -347,7 +348,8 @@ def _index_parallel(
 
 def _spool(index: FileIndex, records: list[Record], kinds: frozenset[str] | None) -> None:
     spool = index.spool
-    assert spool is not None
+    if spool is None:
+        raise InvariantBroken("a spooled index has no spool file")
     encoded = journal.encode_entries(
         (r.kind, r.event_id, r.contract_id, r.occurred_at, r.canonical) for r in records
     )

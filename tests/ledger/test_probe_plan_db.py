@@ -74,6 +74,9 @@ def _grow(owner: Engine, size: int) -> list[str]:
         have = c.execute(text("SELECT count(*) FROM journal_entries")).scalar_one()
         if size > have:
             c.execute(FILL, {"lo": have, "hi": size - 1})
+            # the log's size follows its journal (migration 0021 checks it at commit)
+            c.execute(text("UPDATE ledger_logs SET size = :n WHERE log_id = 'PLAN-1'"),
+                      {"n": size})
         stored = c.execute(
             text("SELECT event_id::text FROM journal_entries ORDER BY seq DESC LIMIT 5000")
         ).scalars()
