@@ -20,18 +20,29 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
+#: The session fixture every database fixture stands on (``db_url``, ``empty_db_url``,
+#: ``engine``, ``yoco_env`` ... all request it): a test that needs it is a ``db`` test.
+_DB_ROOT_FIXTURE = "pg_admin_url"
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the db marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the ``gpu`` tests out of ordinary runs: they need CUDA devices, which this
-    project's machines and CI do not have, and a skip would read as a pass. They run only
-    through ``scripts/gpu-check`` (which sets ``YOCO_GPU_CHECK=1`` and refuses to run
-    without a device); the run's summary counts them as deselected."""
+    """Mark every test that uses the database fixtures ``db`` (whatever its file is called),
+    so that ``-m "not slow and not db"`` is the inner loop; and leave the ``gpu`` tests out
+    of ordinary runs: they need CUDA devices, which this project's machines and CI do not
+    have, and a skip would read as a pass. They run only through ``scripts/gpu-check``
+    (which sets ``YOCO_GPU_CHECK=1`` and refuses to run without a device); the run's summary
+    counts them as deselected."""
+    for item in items:
+        if _DB_ROOT_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
     if os.environ.get("YOCO_GPU_CHECK") == "1":
         return
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
 
 REPO = Path(__file__).resolve().parents[1]
 TESTDATA = REPO / "tests" / "data"
