@@ -20,18 +20,53 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
+#: The session fixture every database fixture stands on (``db_url``, ``empty_db_url``,
+#: ``engine``, ``yoco_env`` ... all request it): a test that needs it is a ``db`` test.
+_DB_ROOT_FIXTURE = "pg_admin_url"
 
+
+#: The multi-process fault tests whose verdicts depend on when a fault lands (the step a
+#: kill hits, a checkpoint's timing, a node's or a rank's silence): under pytest-xdist they
+#: share one group, so they run one after another on one worker while the other workers
+#: run the rest, and no two such jobs contend for the cores at once. They are about half
+#: of the suite's time: the group is sent out first so that it does not finish last.
+SERIAL_JOB_FILES = frozenset({
+    "tests/runtime/test_faults_recorded.py",
+    "tests/runtime/test_nodes.py",
+    "tests/runtime/test_migration.py",
+    "tests/runtime/test_llm_loop.py",
+    "tests/runtime/test_hang.py",
+    "tests/runtime/test_collective_errors.py",
+    "tests/adapters/test_torchft.py",
+    "tests/adapters/test_torchrun.py",
+})
+SERIAL_JOB_GROUP = "runtime-fault-jobs"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the db marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the ``gpu`` tests out of ordinary runs: they need CUDA devices, which this
-    project's machines and CI do not have, and a skip would read as a pass. They run only
-    through ``scripts/gpu-check`` (which sets ``YOCO_GPU_CHECK=1`` and refuses to run
-    without a device); the run's summary counts them as deselected."""
+    """Mark every test that uses the database fixtures ``db`` (whatever its file is called),
+    so that ``-m "not slow and not db"`` is the inner loop; put the timing-sensitive fault
+    jobs (:data:`SERIAL_JOB_FILES`) in one xdist group, first; and leave the ``gpu`` tests
+    out of ordinary runs: they need CUDA devices, which this project's machines and CI do
+    not have, and a skip would read as a pass. They run only through ``scripts/gpu-check``
+    (which sets ``YOCO_GPU_CHECK=1`` and refuses to run without a device); the run's summary
+    counts them as deselected."""
+    for item in items:
+        if _DB_ROOT_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
+        if item.path.relative_to(REPO).as_posix() in SERIAL_JOB_FILES \
+                and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_JOB_GROUP))
+    # Stable: each part keeps its order (the group's tests still share their references).
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
     if os.environ.get("YOCO_GPU_CHECK") == "1":
         return
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
 
 REPO = Path(__file__).resolve().parents[1]
 TESTDATA = REPO / "tests" / "data"

@@ -13,6 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+#: Every test here starts its own embedded server (no database fixture to mark it by).
+pytestmark = pytest.mark.db
+
 YOCO = [sys.executable, "-m", "yoco.cli"]
 
 

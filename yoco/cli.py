@@ -895,8 +895,21 @@ def _flags_show_no_type() -> None:
 
 
 def main() -> None:
-    """Entry point of the ``yoco`` console script."""
-    build_app()()
+    """Entry point of the ``yoco`` console script. A command of a role whose extra is not
+    installed here (a server command on a training node, ``yoco run`` without torch)
+    exits 2 with the extra to install (:mod:`yoco.extras`)."""
+    from yoco.extras import missing_extra
+
+    try:
+        build_app()()
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

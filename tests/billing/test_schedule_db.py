@@ -130,14 +130,20 @@ def test_yoco_serve_closes_ended_years_in_the_background(yoco_env, engine, misse
             assert serve.poll() is None, serve.communicate()
             time.sleep(0.3)
         assert _credits(engine) == [("C-1", 1, "CN-C-1-Y1")]
-        time.sleep(3 * 0.05 * 60)  # further runs change nothing
-        assert _credits(engine) == [("C-1", 1, "CN-C-1-Y1")]
-        with engine.connect() as c:
-            assert c.execute(text(
-                "SELECT count(*) FROM journal_entries WHERE kind = 'year_close'")).scalar_one() == 1
+        # Further runs change nothing: one more run of the same code, queued behind the
+        # scheduler's own on the close-due lock (--wait), finds nothing left to do...
+        again = subprocess.run([*YOCO, "billing", "close-due", "--json", "--wait"],
+                               env={**os.environ, **yoco_env}, capture_output=True,
+                               text=True, timeout=120)
+        assert again.returncode == 0 and json.loads(again.stdout) == [], again
     finally:
         serve.terminate()
         _, stderr = serve.communicate(timeout=60)
     assert serve.returncode == 0, stderr
+    # ...and whatever the scheduler ran meanwhile, up to its stop, added nothing either.
+    assert _credits(engine) == [("C-1", 1, "CN-C-1-Y1")]
+    with engine.connect() as c:
+        assert c.execute(text(
+            "SELECT count(*) FROM journal_entries WHERE kind = 'year_close'")).scalar_one() == 1
     assert "closing ended contract years every 0.05 min" in stderr
     assert "C-1 year 1 closed (guarantee missed); credit CN-C-1-Y1" in stderr

@@ -6,7 +6,6 @@ import base64
 import hashlib
 import json
 import random
-import time
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -378,7 +377,7 @@ def test_equal_sizes_and_bad_arguments() -> None:
     assert leaf_hash(b"a") == hashlib.sha256(b"\x00a").digest()
 
 
-# --------------------------------------------------------------------------- speed
+# --------------------------------------------------------------------------- large trees
 
 
 class _CountingStore:
@@ -392,38 +391,21 @@ class _CountingStore:
         return hashlib.sha256(f"{level}/{index}".encode()).digest()
 
 
-def test_proofs_at_a_million_entries_read_log_n_nodes_and_are_fast() -> None:
+def test_proofs_at_a_million_entries_read_log_n_nodes() -> None:
+    # Their speed is measured by bench/merkle_bench.py (docs/benchmarks.md), not here.
     size = 1_000_000
     rng = random.Random(7)
-    worst = 0.0
     for _ in range(200):
         i = rng.randrange(size)
         store = _CountingStore()
-        t = time.perf_counter()
         coords = inclusion_coords(i, size)
         proof = inclusion_proof(i, size, store)
-        worst = max(worst, time.perf_counter() - t)
         assert store.reads == len(coords) <= 2 * size.bit_length()
         assert len(proof) <= size.bit_length()
         m = rng.randrange(1, size)
         store = _CountingStore()
         consistency_proof(m, size, store)
         assert store.reads <= 3 * size.bit_length()
-    assert worst < 0.05, f"inclusion proof took {worst * 1000:.1f} ms"
-
-
-def test_tree_recomputation_throughput() -> None:
-    leaves = _leaves(100_000, seed=3)
-    t = time.perf_counter()
-    c = CompactRange()
-    c.extend(leaves, collect=False)
-    c.root()
-    elapsed = time.perf_counter() - t
-    # >= 100,000 entries/s for the whole verification: the tree part must be far faster.
-    assert elapsed < 0.5, f"100,000 leaves took {elapsed:.2f} s"
-    t = time.perf_counter()
-    appended_nodes(0, {}, leaves[:10_000])
-    assert time.perf_counter() - t < 0.25
 
 
 def test_module_exports_are_real() -> None:

@@ -87,7 +87,15 @@ def test_the_barrier_ends_when_a_peer_dies_before_its_mark(tmp_path: Path) -> No
     procs.append(_start(store, tmp_path, "w2", faults, 3))
     try:
         store.wait([P.finished_key("w0"), P.waiting_key("w2")], timedelta(seconds=120))
-        time.sleep(0.5)
+        # w0 waits for w1's mark: it beats from inside that wait (Membership.await_finished)
+        # after its own mark; a w0 that left instead would never beat again.
+        finished = time.time()
+        deadline = time.monotonic() + 120
+        while not (store.check([P.beat_key("w0")])
+                   and float(store.get(P.beat_key("w0")).split()[2]) > finished):
+            assert procs[0].poll() is None, "w0 left before w1 had finished"
+            assert time.monotonic() < deadline, "w0 never beat while waiting for w1's mark"
+            time.sleep(0.02)
         assert procs[0].poll() is None  # waiting for w1's mark
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(timeout=30)

@@ -201,7 +201,14 @@ def test_member_follows_a_new_generation_while_a_peer_never_arrives(tmp_path: Pa
         # Generation 0 pairs w0 with a process that never comes.
         store.set(P.plan_key(0), P.Plan(gen=0, mode="start", members=["w0", "ghost"]).encode())
         store.set(P.KEY_GEN, "0")
-        time.sleep(1.0)  # w0 sees it within 5 ms and waits inside the rendezvous
+        # Wait until w0 waits inside generation 0's rendezvous: while it waits for the
+        # group it beats with that generation (Membership.form_groups), never before.
+        deadline = time.monotonic() + 120
+        while not (store.check([P.beat_key("w0")])
+                   and store.get(P.beat_key("w0")).split()[0] == b"0"):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "w0 never waited in generation 0's group"
+            time.sleep(0.01)
         store.set(P.plan_key(1), P.Plan(gen=1, mode="start", members=["w0"]).encode())
         store.set(P.KEY_GEN, "1")
         store.wait([P.KEY_DONE], timedelta(seconds=60))

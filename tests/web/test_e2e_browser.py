@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +24,21 @@ from tests.web.conftest import PASSWORD
 pytestmark = pytest.mark.slow
 
 SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+def _chromium() -> str:
+    """The Chromium the browser tests drive: ``$YOCO_CHROMIUM``, else ``chromium`` (Debian)
+    or ``chromium-browser``/``google-chrome`` (other systems) on PATH; none is a failure
+    naming what to install (docs/install.md), never a skip."""
+    given = os.environ.get("YOCO_CHROMIUM")
+    if given:
+        return given
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("no Chromium found: install it (Debian: apt-get install chromium; see "
+                "docs/install.md) or set YOCO_CHROMIUM to its executable")
+
+
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -75,7 +91,7 @@ def test_customer_journey_in_a_real_browser(server, tmp_path) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     key = httpx.get(base + "/public-key").text.strip()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
         context = browser.new_context(accept_downloads=True, viewport={"width": 1280,
                                                                        "height": 900})
         external: list[str] = []
@@ -317,7 +333,7 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "died"
             time.sleep(0.1)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
             for who in (None, "a", "op", "fin"):
                 context = browser.new_context(bypass_csp=True)
                 page = context.new_page()
