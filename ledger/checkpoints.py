@@ -8,7 +8,7 @@ a consistency proof between the two must verify.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -16,24 +16,6 @@ from sqlalchemy.orm import Session
 from ledger import merkle, note, tree
 from ledger.errors import CheckpointRefused, LedgerError, LogInconsistent, MissingNodeError
 from ledger.models import Checkpoint, JournalEntry, LedgerLog
-
-#: How often a log with new entries gets a signed checkpoint by default (``yoco serve``'s
-#: scheduler and the deploy/ timers; setting ``YOCO_LEDGER_CHECKPOINT_EVERY_S``). An entry
-#: is under a signed checkpoint, and so has an inclusion proof, at most this long (plus
-#: one run's duration) after it is appended.
-CHECKPOINT_EVERY = timedelta(minutes=5)
-
-
-def describe_interval(seconds: float) -> str:
-    """Words for a checkpoint interval: ``"5 minutes"``, ``"1 hour"``, ``"90 seconds"``."""
-    if not seconds > 0:
-        raise ValueError(f"interval: must be positive, got {seconds!r}")
-    for unit, size in (("hour", 3600), ("minute", 60)):
-        if seconds >= size and seconds % size == 0:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n != 1 else ''}"
-    amount: float = int(seconds) if float(seconds).is_integer() else seconds
-    return f"{amount:g} second{'s' if amount != 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -284,6 +284,12 @@ def ingest_batch(
         return append_prepared(session, prepared, projectors, progress=progress)
 
 
+def _prepare_worker() -> Any:
+    from ledger.workers import PrepareWorker
+
+    return PrepareWorker()
+
+
 def _ingest_spooled(
     unit: Callable[[], AbstractContextManager[Session]],
     batch: FileBatch,
@@ -299,6 +305,7 @@ def _ingest_spooled(
         spool=spool,
         projected_kinds=batch.projected_kinds,
         workers=batch.workers,
+        make_worker=_prepare_worker if batch.workers > 0 else None,
     )
     what = str(batch.path)
     if index.error_count:

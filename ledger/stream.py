@@ -102,6 +102,7 @@ def index_file(
     spool: BinaryIO | None = None,
     projected_kinds: Collection[str] | None = None,
     workers: int = 0,
+    make_worker: Callable[[], Any] | None = None,
 ) -> FileIndex:
     """Validate every line of the JSONL file ``path``, keeping a compact index.
 
@@ -115,18 +116,22 @@ def index_file(
     journal row and, for the kinds in ``projected_kinds`` (None: every kind), its body
     are written there for :func:`read_spooled`. With ``workers`` > 0 and a spool, a file
     of at least :data:`PARALLEL_MIN_BYTES` is cut into ranges of whole lines validated by
-    that many worker processes (:mod:`ledger.workers`) at once; the index, the errors
-    and their order are the same as in one process.
+    that many worker processes at once, each made by ``make_worker`` (a
+    :class:`ledger.workers.PrepareWorker`: given by the caller, as :mod:`ledger.workers`
+    runs this module's :func:`index_range` in its children); the index, the errors and
+    their order are the same as in one process.
     """
     when = now or datetime.now(UTC)
     kinds = None if projected_kinds is None else frozenset(projected_kinds)
     size = path.stat().st_size
-    if spool is None or workers <= 0 or size < PARALLEL_MIN_BYTES:
+    if workers > 0 and make_worker is None:
+        raise ValueError("index_file: workers > 0 needs make_worker (ledger.workers.PrepareWorker)")
+    if spool is None or workers <= 0 or make_worker is None or size < PARALLEL_MIN_BYTES:
         with path.open("rb") as fh:
             part = _scan(path, fh, 0, size, 1, when, spool, kinds, progress)
         index = _merge(path, when, [(part, None)], spool)
     else:
-        index = _index_parallel(path, when, size, spool, kinds, workers, progress)
+        index = _index_parallel(path, when, size, spool, kinds, workers, make_worker, progress)
     index.size = size
     if progress is not None:
         progress(size)
@@ -304,12 +309,11 @@ def _index_parallel(
     spool: BinaryIO,
     kinds: frozenset[str] | None,
     workers: int,
+    make_worker: Callable[[], Any],
     progress: Callable[[int], None] | None,
 ) -> FileIndex:
-    from ledger.workers import PrepareWorker
-
     ranges = _ranges(path, size, workers * RANGES_PER_WORKER)
-    pool = [PrepareWorker() for _ in range(min(workers, len(ranges)))]
+    pool = [make_worker() for _ in range(min(workers, len(ranges)))]
     parts: list[tuple[FileIndex, BinaryIO | None]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="yoco-ingest-") as tmp:

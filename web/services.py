@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from billing.amendments import InForce, contract_in_force
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
-from ledger.checkpoints import CHECKPOINT_EVERY, describe_interval
+from ledger.cadence import CHECKPOINT_EVERY, describe_interval
 from ledger.contracts import get_contract
 from ledger.errors import LedgerError, UnknownContract, UnknownEntry
 from ledger.models import (

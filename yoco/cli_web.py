@@ -53,7 +53,7 @@ def serve(
     """
     import signal
 
-    from ledger.checkpoints import describe_interval
+    from ledger.cadence import describe_interval
 
     _check_port(host, port)
     with application() as ctx:

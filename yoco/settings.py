@@ -14,7 +14,7 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ledger.checkpoints import CHECKPOINT_EVERY
+from ledger.cadence import CHECKPOINT_EVERY
 
 
 def _default_data_dir() -> Path:
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     log_origin: str = Field(default="yoco.example/ledger", validation_alias="YOCO_LOG_ORIGIN")
     #: Every log with new entries gets a signed checkpoint within this many seconds
     #: (``yoco serve``'s scheduler, the deploy/ timers); the portal states it to customers
-    #: waiting for a proof. Default :data:`ledger.checkpoints.CHECKPOINT_EVERY`.
+    #: waiting for a proof. Default :data:`ledger.cadence.CHECKPOINT_EVERY`.
     checkpoint_every_s: int = Field(
         default=int(CHECKPOINT_EVERY.total_seconds()), gt=0, le=86400,
         validation_alias="YOCO_LEDGER_CHECKPOINT_EVERY_S",

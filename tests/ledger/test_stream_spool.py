@@ -78,7 +78,10 @@ def test_parallel_validation_gives_the_same_index_errors_and_rows(
         alone = index_file(path, now=NOW, spool=one, projected_kinds=PROJECTED)
         monkeypatch.setattr(stream, "PARALLEL_MIN_BYTES", 0)
         monkeypatch.setattr(stream, "RANGES_PER_WORKER", 5)  # 10 ranges, cut mid-story
-        split = index_file(path, now=NOW, spool=many, projected_kinds=PROJECTED, workers=2)
+        from ledger.workers import PrepareWorker
+
+        split = index_file(path, now=NOW, spool=many, projected_kinds=PROJECTED, workers=2,
+                           make_worker=PrepareWorker)
         records, errors = parse_jsonl(raw, now=NOW)
         assert [k.line for k in split.keys] == [k.line for k in alone.keys] == [
             r.line for r in records

@@ -89,6 +89,10 @@ def _member(rank: int, port: int, out: Any) -> None:
                        poll_interval_s=0.01, regroup_timeout_s=60, collective_timeout_s=60,
                        current_step=lambda: 0)
         m.form_groups(0, rank, 2)
+        # both sides' full mesh is connected before anything is aborted (an abort while
+        # the peer still connects fails its group build, not the collective under test)
+        m.store.set(f"formed{rank}", "1")
+        m.store.wait(["formed0", "formed1"])
         buf = torch.full((8,), float(rank + 1))
         if rank == 0:
             work = m.pg.allreduce([buf])  # the peer is "frozen": pending

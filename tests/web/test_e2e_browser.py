@@ -202,7 +202,7 @@ def old_year(seeded):
     for n, result in enumerate(["live_migrated", "rolled_back", "rolled_back", None]):
         at = t0 + timedelta(days=30 * n + 3)
         f = fx.rec("failure", "C-OLD", at, job_id="j1", failure_class="unplanned",
-                   cause="gpu_lost", node=f"node-{n}", gpu=n, step=100 * n)
+                   cause="gpu_lost", node=f"node-{n}", gpu=n, step=1000 + 100 * n)
         recs.append(f)
         if result:
             recs.append(fx.rec("outcome", "C-OLD", at + timedelta(seconds=40),

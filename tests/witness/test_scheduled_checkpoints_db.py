@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from ledger.checkpoints import CHECKPOINT_EVERY, describe_interval
+from ledger.cadence import CHECKPOINT_EVERY, describe_interval
 from ledger.ingest import ingest
 from ledger.models import Checkpoint
 from ledger.records import validate_batch
