@@ -55,11 +55,8 @@ def _child(req: dict[str, Any]) -> None:
         os.environ.update(req["env"])
         sys.argv = list(req["argv"])
         sys.path[0] = str(Path(req["argv"][0]).resolve().parent)
-        # A log on a full disk must not end the worker before it starts (its output is
-        # then lost; the job is not).
-        with contextlib.suppress(OSError):
-            print(f"[yoco] {req['slot']} forked by the spare zygote (torch already "
-                  "imported)", flush=True)
+        print(f"[yoco] {req['slot']} forked by the spare zygote (torch already imported)",
+              flush=True)
     except BaseException:  # could not even become the worker
         with contextlib.suppress(Exception):
             import traceback
