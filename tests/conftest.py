@@ -39,6 +39,7 @@ SERIAL_JOB_FILES = frozenset({
     "tests/runtime/test_collective_errors.py",
     "tests/adapters/test_torchft.py",
     "tests/adapters/test_torchrun.py",
+    "tests/runtime/test_fencing.py",
 })
 SERIAL_JOB_GROUP = "runtime-fault-jobs"
 
@@ -58,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.relative_to(REPO).as_posix() in SERIAL_JOB_FILES \
                 and item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group(SERIAL_JOB_GROUP))
+            item.add_marker(pytest.mark.fault_job)
     # Stable: each part keeps its order (the group's tests still share their references).
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
     if os.environ.get("YOCO_GPU_CHECK") == "1":
