@@ -155,7 +155,7 @@ def latest_witnessed(
     )
     query = query.where(func.coalesce(have.c.n, 0) >= least)
     tried = 0
-    for cp, count in session.execute(query).tuples():
+    for cp, count in session.execute(query).all():
         policy = witness_policy_at(base, rows, cp.tree_size)
         if policy is None:
             return cp, WitnessStatus(cp.tree_size, None, None)

@@ -711,7 +711,7 @@ def witness_context(status: WitnessStatus) -> dict[str, Any] | None:
         "label": status.label,
         "words": status.words(),
         "quorum": status.policy.quorum,
-        "keys": [{"name": k.name, "key": k.to_text()} for k in status.policy.keys],
+        "listed": [{"name": k.name, "key": k.to_text()} for k in status.policy.keys],
     }
 
 
