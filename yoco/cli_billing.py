@@ -413,9 +413,11 @@ def amend_cmd(
     witnesses: Annotated[
         str | None,
         typer.Option(
-            help="New witness policy: a JSON file holding {\"keys\": [witness keys], "
-            "\"quorum\": k} (docs/audit.md §7), or 'none' to remove it. It governs every "
-            "checkpoint signed after the amendment is recorded, whatever --effective says.",
+            metavar="FILE",
+            help="New witness policy: a JSON file holding an object with \"keys\" (the "
+            "witnesses' cosignature/v1 keys) and \"quorum\" (how many must cosign), "
+            "docs/audit.md §7; or 'none' to remove it. It governs every checkpoint signed "
+            "after the amendment is recorded, whatever --effective says.",
         ),
     ] = None,
     in_progress: Annotated[
