@@ -185,8 +185,17 @@ def test_reports_state_the_policy_and_are_issued_only_over_a_witnessed_checkpoin
     with unit_of_work(app_ctx.engine) as s:
         export_to_dir(s, "C-1", tmp_path / "export")
     (tmp_path / "r.html").write_bytes(doc.html_bytes)
+    (tmp_path / "r.pdf").write_bytes(doc.pdf)
     assert verify([str(tmp_path / "export"), "-k", app_ctx.signer.verifier_text(), "-q",
-                   "--report", str(tmp_path / "r.html")]) == 0
+                   "--report", str(tmp_path / "r.html"), "--report",
+                   str(tmp_path / "r.pdf")]) == 0
+    from io import BytesIO
+
+    from pypdf import PdfReader
+
+    text = " ".join(" ".join(p.extract_text() for p in PdfReader(BytesIO(doc.pdf)).pages)
+                    .split())
+    assert f"Witnessed Yes. Checkpoint {first} meets the contract's witness policy" in text
     with unit_of_work(app_ctx.engine) as s:
         assert [d.period for d in ri.list_issued(s, "C-1", STATEMENT)] == ["year-1"]
 
