@@ -9,7 +9,8 @@ Raised by the checkpoint scheduler after each submission run
 * ``witness_refused`` — a witness refused to cosign a log's head (HTTP status and its
   words): the log is not consistent with what the witness cosigned before, or the key or
   the configuration differ. Keyed by witness, log and size.
-* ``checkpoint_cosigned`` — a contract log's head reached the witness quorum: the event's
+* ``checkpoint_cosigned`` — a contract log's head reached the witness quorum (for a
+  contract whose terms name a witness policy, that policy: ``terms.witnesses``): the event's
   data holds the cosigned checkpoint note, so a customer whose webhook asks for this kind
   (opt-in) holds every cosigned head even without running a witness. Keyed by log and
   size.
@@ -23,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.events import NewEvent, raise_event
+from billing.witness_policy import policy_at
 from ledger.contracts import list_contracts
 from ledger.models import Checkpoint
 from ledger.witnessing import SubmitRun, WitnessEndpoint, cosigned_note, cosigners_of
@@ -63,18 +65,26 @@ def cosigned_events(
     now: datetime,
 ) -> list[NewEvent]:
     """A ``checkpoint_cosigned`` event for each contract head this run cosigned that now
-    carries ``quorum`` cosignatures of the configured ``witnesses``."""
+    meets the contract's witness policy (``terms.witnesses``) or, for a contract without
+    one, carries ``quorum`` cosignatures of the configured ``witnesses``."""
     contracts = {c.contract_id for c in list_contracts(session)}
     known = {w.key.to_text() for w in witnesses}
     out = []
     for log_id, size in sorted({(log_id, size) for _, log_id, size in run.cosigned}):
         if log_id not in contracts:
             continue
-        names = [w for w, _ in cosigners_of(session, log_id, size) if w in known]
-        if len(names) < max(quorum, 1):
-            continue
         cp = session.execute(select(Checkpoint).where(
             Checkpoint.log_id == log_id, Checkpoint.tree_size == size)).scalar_one()
+        policy = policy_at(session, log_id, size)
+        if policy is not None:
+            check = policy.check(cosigned_note(session, cp))
+            if not check.met:
+                continue
+            names = [k.to_text() for k in policy.keys if k.name in check.cosigned]
+        else:
+            names = [w for w, _ in cosigners_of(session, log_id, size) if w in known]
+            if len(names) < max(quorum, 1):
+                continue
         out.append(NewEvent(
             kind="checkpoint_cosigned",
             key=f"checkpoint_cosigned:{log_id}:{size}",

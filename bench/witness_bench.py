@@ -4,6 +4,7 @@ checkpoint run takes at 1,000 logs with two witnesses.
 Usage::
 
     python bench/witness_bench.py [--logs 1000] [--cosign 2000] [--witnesses 2]
+    python bench/witness_bench.py --section policy [--checkpoints 1000]
 
 Uses ``DATABASE_URL`` if set, else a fresh embedded PostgreSQL in a temporary folder.
 
@@ -15,7 +16,13 @@ Uses ``DATABASE_URL`` if set, else a fresh embedded PostgreSQL in a temporary fo
 * latency: ``--logs`` contracts, each with entries under a checkpoint and cosigned by
   ``--witnesses`` witness processes; then one entry appended to every log and the
   scheduled run timed: signing every log (``billing.schedule.checkpoint_run``), then the
-  submission of every new head to every witness (``ledger.witnessing.submit_pending``).
+  submission of every new head to every witness (``ledger.witnessing.submit_pending``);
+* policy: one contract whose terms name a 2-of-2 witness policy, ``--checkpoints``
+  checkpoints cosigned by two witness processes, then 100 more not cosigned yet: the time
+  of what a contract's witness policy adds — the status of the 200 newest heads (the
+  portal's checkpoints page, ``billing.witness_policy.checkpoint_statuses``), the status
+  of one checkpoint (each report), and finding the newest witnessed checkpoint past 100
+  uncosigned ones (issuing, ``latest_witnessed``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -231,6 +239,110 @@ def bench_latency(n_logs: int, n_witnesses: int, tmp: Path) -> None:
         engine.dispose()
 
 
+def _engine(tmp: Path) -> object:
+    from sqlalchemy import create_engine
+
+    from yoco.database import embedded_url, ensure_database, make_engine, prepare, start_embedded
+
+    if os.environ.get("DATABASE_URL"):
+        from yoco.settings import normalize_url
+
+        url = normalize_url(os.environ["DATABASE_URL"])
+    else:
+        server = start_embedded(tmp / "pgdata")
+        ensure_database(embedded_url(server, "postgres"), "yoco")
+        url = embedded_url(server)
+    create_engine(url, isolation_level="AUTOCOMMIT").dispose()
+    return make_engine(prepare(url, f"bench_{uuid.uuid4().hex[:8]}").url)
+
+
+def bench_policy(n_checkpoints: int, tmp: Path) -> None:
+    """What a contract's witness policy costs the reports and the portal."""
+    import json
+
+    from sqlalchemy import select
+
+    from billing.witness_policy import checkpoint_status, checkpoint_statuses, latest_witnessed
+    from ledger.checkpoints import sign_log
+    from ledger.contracts import add_contracts
+    from ledger.ingest import ingest
+    from ledger.models import Checkpoint
+    from ledger.note import Signer
+    from ledger.records import parse_contracts, validate_batch
+    from ledger.witnessing import HttpTransport, parse_witnesses, submit_pending
+    from yoco.database import unit_of_work
+
+    engine: Any = _engine(tmp)
+    prefix = "bench.example/ledger"
+    signer = Signer.generate(prefix)
+    logs = [f"{prefix}/*={signer.verifier_text()}"]
+    procs, cfg, keys = [], [], []
+    for i in range(2):
+        proc, wurl, vkey = _start_witness(tmp / f"p{i}", f"bench.example/p{i}", logs)
+        procs.append(proc)
+        cfg.append(f"{wurl} {vkey}")
+        keys.append(vkey)
+    witnesses = parse_witnesses(", ".join(cfg))
+    specs, errors = parse_contracts(json.dumps([{
+        "contract_id": "P-1", "customer": "cust-P-1", "start_date": "2026-01-01",
+        "currency": "USD", "annual_value": "1000.00",
+        "terms": {"witnesses": {"keys": keys, "quorum": 2}}}]).encode())
+    assert not errors, errors
+
+    def grow(step: int) -> None:
+        kind = "job_started" if step == 0 else "job_progress"
+        extra: dict[str, object] = ({"gpus": 8} if step == 0
+                                    else {"step": step, "step_seconds": 1.0})
+        recs, errs = validate_batch([{
+            "kind": kind, "event_id": str(uuid.uuid4()), "contract_id": "P-1",
+            "occurred_at": f"2026-02-01T{step // 3600:02d}:{step // 60 % 60:02d}:"
+                           f"{step % 60:02d}Z", "job_id": "j", **extra}])
+        assert not errs, errs
+        with unit_of_work(engine) as s:
+            ingest(s, recs, None, ())
+            sign_log(s, signer, "P-1", prefix)
+
+    transport = HttpTransport(30)
+    try:
+        with unit_of_work(engine) as s:
+            add_contracts(s, specs)
+        for step in range(n_checkpoints):
+            grow(step)
+            sub = submit_pending(engine, witnesses, transport)
+            assert len(sub.cosigned) == 2, sub.summary()
+        for step in range(n_checkpoints, n_checkpoints + 100):
+            grow(step)  # signed, not cosigned yet
+        pages, ones, finds = [], [], []
+        for _ in range(7):
+            with unit_of_work(engine) as s:
+                heads = list(s.execute(select(Checkpoint).where(Checkpoint.log_id == "P-1")
+                                       .order_by(Checkpoint.tree_size.desc()).limit(200))
+                             .scalars())
+                t0 = time.perf_counter()
+                statuses = checkpoint_statuses(s, "P-1", heads)
+                t1 = time.perf_counter()
+                one = checkpoint_status(s, heads[-1])
+                t2 = time.perf_counter()
+                cp, _ = latest_witnessed(s, "P-1")
+                t3 = time.perf_counter()
+            assert sum(st.met for st in statuses) == min(n_checkpoints, 100) and one.met
+            assert cp is not None and cp.tree_size == n_checkpoints + 1
+            pages.append(t1 - t0)
+            ones.append(t2 - t1)
+            finds.append(t3 - t2)
+        print(f"policy, {n_checkpoints} cosigned + 100 uncosigned checkpoints, 2 of 2 "
+              f"witnesses (median of {len(pages)}): status of the 200 newest heads "
+              f"{statistics.median(pages) * 1e3:.1f} ms; one checkpoint's status "
+              f"{statistics.median(ones) * 1e3:.2f} ms; newest witnessed checkpoint past 100 "
+              f"uncosigned {statistics.median(finds) * 1e3:.2f} ms")
+    finally:
+        transport.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+        engine.dispose()
+
+
 def main() -> None:
     """Run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__,
@@ -238,7 +350,10 @@ def main() -> None:
     parser.add_argument("--logs", type=int, default=1000)
     parser.add_argument("--cosign", type=int, default=2000, help="checkpoints to cosign")
     parser.add_argument("--witnesses", type=int, default=2)
-    parser.add_argument("--section", choices=("cosign", "latency", "all"), default="all")
+    parser.add_argument("--checkpoints", type=int, default=1000,
+                        help="cosigned checkpoints of the policy section")
+    parser.add_argument("--section", choices=("cosign", "latency", "policy", "all"),
+                        default="all")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="yoco-witness-bench-"))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, state under {tmp}")
@@ -246,6 +361,8 @@ def main() -> None:
         bench_cosign(args.cosign, tmp)
     if args.section in ("latency", "all"):
         bench_latency(args.logs, args.witnesses, tmp)
+    if args.section in ("policy", "all"):
+        bench_policy(args.checkpoints, tmp)
 
 
 if __name__ == "__main__":

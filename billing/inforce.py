@@ -18,9 +18,18 @@ from typing import Any, Protocol
 
 from billing.terms import Terms
 from billing.years import contract_year_dates
+from ledger.cosign import WitnessPolicy
 from ledger.records import ContractSpec, contract_from_record
 
-__all__ = ["AmendmentLike", "InForce", "applies", "in_force", "merge_changes", "term_years_of"]
+__all__ = [
+    "AmendmentLike",
+    "InForce",
+    "applies",
+    "in_force",
+    "merge_changes",
+    "term_years_of",
+    "witness_policy_at",
+]
 
 
 class AmendmentLike(Protocol):
@@ -106,3 +115,24 @@ def in_force(base: ContractSpec, amendments: Sequence[AmendmentLike], year: int)
         amendments=tuple(used),
         term_years=term,
     )
+
+
+def witness_policy_at(
+    base: ContractSpec, amendments: Sequence[AmendmentLike], tree_size: int
+) -> WitnessPolicy | None:
+    """The witness policy a checkpoint of ``tree_size`` entries of the contract's log must
+    meet: the contract's ``terms.witnesses`` as changed by every amendment among those
+    entries (``seq < tree_size``), in log order, whatever their effective dates — the
+    policy is about the log's checkpoints, not a contract year, so a checkpoint's policy
+    is read from its own entries and never changes after it was signed. None: no policy.
+    """
+    policy = base.terms.witnesses
+    for row in sorted(amendments, key=lambda r: r.seq):
+        if row.seq >= tree_size:
+            break
+        terms = row.changes.get("terms")
+        if isinstance(terms, Mapping) and "witnesses" in terms:
+            value = terms["witnesses"]
+            policy = None if value is None else WitnessPolicy.from_json(
+                value, "changes.terms.witnesses")
+    return policy

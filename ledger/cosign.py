@@ -30,15 +30,18 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ledger import note
-from ledger.errors import NoteError
+from ledger.errors import NoteError, WitnessPolicyError
 
 __all__ = [
     "ALG_COSIGNATURE_V1",
+    "MAX_POLICY_WITNESSES",
     "MAX_PROOF_LINES",
     "SIZE_MEDIA_TYPE",
     "AddCheckpoint",
     "Cosigner",
     "CosignerKey",
+    "PolicyCheck",
+    "WitnessPolicy",
     "add_checkpoint_body",
     "cosignature_lines",
     "cosignatures",
@@ -55,6 +58,13 @@ SIZE_MEDIA_TYPE = "text/x.tlog.size"
 
 MAX_PROOF_LINES = 63
 """The most consistency proof lines an add-checkpoint request may hold (tlog-witness)."""
+
+MAX_POLICY_WITNESSES = 16
+"""The most witnesses a contract's witness policy may name (a bound on what a contract
+import makes every report and verifier check)."""
+
+_MAX_KEY_TEXT = 400
+_POLICY_FIELDS = ("keys", "quorum")
 
 _SIG_PREFIX = "\u2014 "
 _PRIVATE_PREFIX = "PRIVATE+KEY+"
@@ -315,3 +325,130 @@ def parse_add_checkpoint(body: bytes) -> AddCheckpoint:
     if not checkpoint:
         raise ValueError("body: no checkpoint after the blank line")
     return AddCheckpoint(int(size_text), tuple(proof), checkpoint)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyCheck:
+    """What one checkpoint note shows against a :class:`WitnessPolicy`: the policy's
+    witnesses (names, in the policy's order), those with a valid cosignature, the quorum."""
+
+    quorum: int
+    witnesses: tuple[str, ...]
+    cosigned: tuple[str, ...]
+
+    @property
+    def met(self) -> bool:
+        """Whether at least ``quorum`` of the policy's witnesses validly cosigned."""
+        return len(self.cosigned) >= self.quorum
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The policy's witnesses without a valid cosignature, in the policy's order."""
+        return tuple(n for n in self.witnesses if n not in self.cosigned)
+
+    def words(self) -> str:
+        """One sentence: how many of the policy's witnesses cosigned, how many it needs,
+        and (when not met) which are missing."""
+        head = (f"cosigned by {len(self.cosigned)} of the {len(self.witnesses)} witnesses "
+                f"the contract's policy names, which needs {self.quorum}")
+        if self.met:
+            return head
+        return f"{head} (missing: {', '.join(self.missing)})"
+
+
+def _policy_fail(field_: str, reason: str) -> WitnessPolicyError:
+    return WitnessPolicyError(field_, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class WitnessPolicy:
+    """A contract's witness policy (``terms.witnesses``): the witnesses its customer trusts
+    (``cosignature/v1`` keys: name and public key) and how many of them (``quorum``, k of
+    n) must have cosigned a checkpoint before it counts for that contract.
+
+    JSON form: ``{"keys": ["<name>+<hex8>+<base64>", ...], "quorum": k}``; ``quorum``
+    defaults to every key. The one home of the rule: the contract's validation, billing's
+    terms, the reports, the portal and the standalone verifier all use this class.
+    """
+
+    keys: tuple[CosignerKey, ...]
+    quorum: int
+
+    def __post_init__(self) -> None:
+        if not self.keys or len(self.keys) > MAX_POLICY_WITNESSES:
+            raise _policy_fail("keys", f"must name 1 to {MAX_POLICY_WITNESSES} witnesses, "
+                               f"got {len(self.keys)}")
+        names: set[str] = set()
+        for i, key in enumerate(self.keys):
+            if key.name in names:
+                raise _policy_fail(f"keys[{i}]", f"witness {key.name} is listed twice")
+            names.add(key.name)
+        q = self.quorum
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= len(self.keys):
+            raise _policy_fail("quorum", f"must be an integer from 1 to the {len(self.keys)} "
+                               f"witness(es) listed, got {q!r}")
+
+    @classmethod
+    def from_json(cls, value: object, field_: str = "terms.witnesses") -> WitnessPolicy:
+        """Parse the JSON form strictly; raise :class:`WitnessPolicyError` whose ``field``
+        names the part at fault under ``field_`` (``terms.witnesses.keys[1]``)."""
+        if not isinstance(value, dict):
+            raise _policy_fail(field_, 'must be an object {"keys": [witness keys], '
+                               '"quorum": k}')
+        unknown = sorted(str(k) for k in value if k not in _POLICY_FIELDS)
+        if unknown:
+            raise _policy_fail(field_, f"unknown field(s) {unknown}; allowed: "
+                               f"{list(_POLICY_FIELDS)}")
+        raw = value.get("keys")
+        if not isinstance(raw, list) or not raw:
+            raise _policy_fail(f"{field_}.keys", "must be a non-empty array of witness keys "
+                               "(<name>+<hex8>+<base64>, as `yoco-verify witness keygen` "
+                               "prints them)")
+        if len(raw) > MAX_POLICY_WITNESSES:
+            raise _policy_fail(f"{field_}.keys", f"at most {MAX_POLICY_WITNESSES} witnesses, "
+                               f"got {len(raw)}")
+        keys: list[CosignerKey] = []
+        for i, item in enumerate(raw):
+            where = f"{field_}.keys[{i}]"
+            if not isinstance(item, str) or len(item) > _MAX_KEY_TEXT:
+                raise _policy_fail(where, "must be a witness key string "
+                                   "(<name>+<hex8>+<base64>) of at most "
+                                   f"{_MAX_KEY_TEXT} characters")
+            try:
+                key = CosignerKey.from_text(item)
+            except NoteError as exc:
+                raise _policy_fail(where, str(exc)) from None
+            if item != key.to_text():
+                raise _policy_fail(where, f"must be written exactly as {key.to_text()!r}")
+            keys.append(key)
+        quorum = value.get("quorum", len(keys))
+        try:
+            return cls(tuple(keys), quorum)
+        except WitnessPolicyError as exc:
+            raise _policy_fail(f"{field_}.{exc.field}", exc.reason) from None
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON form, keys in the policy's order, ``quorum`` always written.
+        Promises: ``WitnessPolicy.from_json(p.to_json()) == p``."""
+        return {"keys": [k.to_text() for k in self.keys], "quorum": self.quorum}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The witnesses' names, in the policy's order."""
+        return tuple(k.name for k in self.keys)
+
+    def describe(self) -> str:
+        """``2 of 3 witnesses: a, b, c`` (the policy in words)."""
+        return f"{self.quorum} of {len(self.keys)} witnesses: {', '.join(self.names)}"
+
+    def check(self, signed_note: str) -> PolicyCheck:
+        """Which of the policy's witnesses validly cosigned ``signed_note`` (a checkpoint
+        with its signature lines). A line that does not verify over this very note (a
+        forgery, a cosignature of another root or size) does not count; several lines by
+        one key count once."""
+        found = cosignatures(signed_note, self.keys)
+        cosigned = tuple(k.name for k in self.keys if k.to_text() in found)
+        return PolicyCheck(self.quorum, self.names, cosigned)

@@ -23,7 +23,8 @@ from decimal import Decimal
 from typing import Any, Final, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ledger.errors import InvariantBroken
+from ledger.cosign import WitnessPolicy
+from ledger.errors import InvariantBroken, WitnessPolicyError
 from yoco_records.canonical import (
     JsonInputError,
     decimal_of,
@@ -396,21 +397,30 @@ def _format_decimal(value: Decimal) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ContractTerms:
-    """The guarantee terms of a contract (defaults: 90% threshold, 25% credit)."""
+    """The guarantee terms of a contract (defaults: 90% threshold, 25% credit, no witness
+    policy)."""
 
     threshold_percent: Decimal = Decimal(90)
     credit_percent: Decimal = Decimal(25)
     covered_classes: tuple[str, ...] = COVERED_CLASSES_DEFAULT
     excluded_causes: tuple[str, ...] = EXCLUDED_CAUSES_DEFAULT
+    #: Which witnesses must cosign a checkpoint before it counts for this contract
+    #: (:class:`ledger.cosign.WitnessPolicy`); None: the operator's signature alone.
+    witnesses: WitnessPolicy | None = None
 
     def to_record(self) -> dict[str, Any]:
-        """The normalized JSON form: percents as decimal strings, lists as given."""
-        return {
+        """The normalized JSON form: percents as decimal strings, lists as given;
+        ``witnesses`` only when the contract has a policy (so a contract without one
+        keeps the canonical bytes it always had)."""
+        out: dict[str, Any] = {
             "threshold_percent": _format_decimal(self.threshold_percent),
             "credit_percent": _format_decimal(self.credit_percent),
             "covered_classes": list(self.covered_classes),
             "excluded_causes": list(self.excluded_causes),
         }
+        if self.witnesses is not None:
+            out["witnesses"] = self.witnesses.to_json()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -586,6 +596,13 @@ _CONTRACT_FIELDS: Final[dict[str, _Field]] = {
     "terms": _Field(lambda ctx, path, value: value, required=False),
 }
 
+def _witnesses(ctx: _Ctx, path: str, value: Any) -> Any:
+    try:
+        return WitnessPolicy.from_json(value, path)
+    except WitnessPolicyError as exc:
+        return ctx.fail(exc.field, exc.reason)
+
+
 _TERMS_FIELDS: Final[dict[str, _Field]] = {
     "threshold_percent": _Field(_percent, required=False),
     "credit_percent": _Field(_percent, required=False),
@@ -593,6 +610,7 @@ _TERMS_FIELDS: Final[dict[str, _Field]] = {
         _string_list(choices=FAILURE_CLASSES, non_empty=True), required=False
     ),
     "excluded_causes": _Field(_string_list(choices=None, non_empty=False), required=False),
+    "witnesses": _Field(_witnesses, required=False),
 }
 
 

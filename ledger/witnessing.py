@@ -11,8 +11,10 @@ Submission never holds a database transaction across the network: the pending he
 their proofs are read in one short transaction, the witnesses asked outside it, and the
 cosignatures stored in another. A witness that cannot be reached delays its cosignatures
 (the next run tries again) and is reported in :class:`SubmitRun`; ingest and signing never
-wait for it. The policy is global: ``YOCO_WITNESS_QUORUM`` of the configured witnesses
-(:func:`quorum_met`); per-contract witness sets are not implemented.
+wait for it. Which witnesses and how many must cosign a contract's checkpoint is the
+contract's policy (``terms.witnesses``, :class:`ledger.cosign.WitnessPolicy`, checked by
+:mod:`billing.witness_policy`); ``YOCO_WITNESS_QUORUM`` of the configured witnesses
+(:func:`quorum_met`) is the operator's rule for logs without one.
 """
 
 from __future__ import annotations

@@ -45,3 +45,8 @@ class NotIssued(ReportError):
 
 class AlreadyIssued(ReportError):
     """The month was issued already, over another checkpoint or as other bytes."""
+
+
+class NotWitnessed(ReportError):
+    """The checkpoint does not meet the contract's witness policy (``terms.witnesses``):
+    a report of a contract with a policy is issued only over a checkpoint that does."""

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from billing.amendments import contract_in_force
 from billing.models import BillingYear
+from billing.witness_policy import latest_witnessed
 from billing.years import contract_year_bounds, month_bounds, require_aware
 from ledger import journal
 from ledger.checkpoints import latest, sign_log
@@ -88,19 +89,29 @@ def issue_month(
 
     A month already issued is returned as stored (``created`` False), whatever
     ``checkpoint_size`` says: a month is issued once.  Otherwise the report is rendered
-    over the signed checkpoint of ``checkpoint_size`` (default: the latest), which must
-    have been signed after the month ended (:class:`MonthNotOver`), its bytes stored and
-    its ``report`` entry appended, in the caller's transaction (never committed here).
+    over the signed checkpoint of ``checkpoint_size`` (default: the latest — for a
+    contract with a witness policy, the latest signed after the month ended that meets
+    it), which must have been signed after the month ended (:class:`MonthNotOver`) and
+    meet the contract's witness policy (:class:`NotWitnessed`), its bytes stored and its
+    ``report`` entry appended, in the caller's transaction (never committed here).
     Raises the errors of :func:`reports.monthly.prepare_monthly_report`.
     """
     label = _label(year, month)
     rm.parse_month(label)  # BadMonth for a month that is not one
-    get_contract(session, contract_id)  # UnknownContract
+    spec = get_contract(session, contract_id)  # UnknownContract
     found = issued_document(session, contract_id, label)
     if found is not None:
         return found
+    if checkpoint_size is None:
+        # The newest checkpoint that can be issued over: with a witness policy, new
+        # checkpoints are signed faster than witnesses cosign them, so "the latest" would
+        # rarely be cosigned yet. Without any, the latest (whose refusal says why).
+        _, m_end = month_bounds(year, month, spec.timezone)
+        cp, _ = latest_witnessed(session, contract_id, signed_after=m_end)
+        checkpoint_size = cp.tree_size if cp is not None else None
     prepared = rm.prepare_monthly_report(session, contract_id, year, month, checkpoint_size)
     rm.require_over(prepared)
+    rm.require_witnessed(prepared)
     pdf = (pdf_renderer or _default_pdf)(prepared.html)
     return rm.store_issued(session, rm.finish_report(prepared, pdf))
 

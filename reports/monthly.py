@@ -46,6 +46,7 @@ from billing.display import money_text as _money
 from billing.display import rate_text as _rate
 from billing.terms import Terms
 from billing.verdict import format_probability, format_seconds
+from billing.witness_policy import WitnessStatus, checkpoint_status
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
@@ -63,6 +64,7 @@ from reports.errors import (
     MonthNotOver,
     MonthOutOfTerm,
     NoCheckpoint,
+    NotWitnessed,
     ReportError,
     UnknownCheckpoint,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "report_entry",
     "report_event_id",
     "require_over",
+    "require_witnessed",
     "safe_name",
     "select_checkpoint",
     "store_issued",
@@ -238,6 +241,8 @@ class PreparedReport:
     #: True for a draft: a rendering that is not (or not yet) the issued report, marked
     #: as such on the page.
     draft: bool = False
+    #: The checkpoint against the contract's witness policy (stated on the page).
+    witness: WitnessStatus | None = None
 
     @property
     def month_label(self) -> str:
@@ -492,6 +497,7 @@ def prepare_monthly_report(
             f"checkpoint {cp.tree_size} of {contract_id!r} was signed at {_utc(as_of)}, "
             f"before {year:04d}-{month:02d} began: sign a newer one (`yoco ledger checkpoint`)"
         )
+    witness = checkpoint_status(session, cp)
     k = year_of(contract.start_date, tz, m_start) or 1
     k = min(k, term_years)
     # The terms as the checkpoint's entries leave them: amendments recorded after it
@@ -594,6 +600,8 @@ def prepare_monthly_report(
         "rows": figure_rows,
         "values": {"month": figs.to_json(), "year": ytd.to_json()},
     }
+    if witness.policy is not None:  # absent without a policy: such reports keep their bytes
+        block["witnesses"] = {"policy": witness.policy.to_json(), "met": witness.met}
     key_line = cp.key_id
     note_lines = cp.note.split("\n\n", 1)
     context = {
@@ -668,6 +676,7 @@ def prepare_monthly_report(
         },
         "example_event": rows[0].failure.event_id if rows else None,
         "draft": draft,
+        "witness": witness_context(witness),
     }
     html = render_template(TEMPLATE, context)
     return PreparedReport(
@@ -688,7 +697,35 @@ def prepare_monthly_report(
         credit=credit,
         html=html,
         draft=draft is not None,
+        witness=witness,
     )
+
+
+def witness_context(status: WitnessStatus) -> dict[str, Any] | None:
+    """What a report's page says of its checkpoint and the contract's witness policy
+    (None without a policy: the page then says nothing of witnesses)."""
+    if status.policy is None:
+        return None
+    return {
+        "met": status.met,
+        "label": status.label,
+        "words": status.words(),
+        "quorum": status.policy.quorum,
+        "listed": [{"name": k.name, "key": k.to_text()} for k in status.policy.keys],
+    }
+
+
+def require_witnessed(report: PreparedReport) -> None:
+    """Refuse (:class:`~reports.errors.NotWitnessed`) a report whose checkpoint does not
+    meet the contract's witness policy: for a contract with one, a report is issued only
+    over a checkpoint its witnesses cosigned (a draft says where it stands)."""
+    if report.witness is not None and not report.witness.met:
+        raise NotWitnessed(
+            f"{report.month_label} of {report.contract_id!r}: {report.witness.words()} "
+            "A report of this contract is issued only over a checkpoint that meets it: "
+            "wait for the witnesses' cosignatures (the checkpoint scheduler and `yoco "
+            "ledger checkpoint` submit it; a witness that is down raises `witness_down`)"
+        )
 
 
 def finish_report(prepared: PreparedReport, pdf: bytes | None = None) -> MonthlyReport:
@@ -809,6 +846,7 @@ def store_issued(session: Session, report: MonthlyReport) -> IssuedReport:
     if report.draft:
         raise ReportError("a draft is never issued: render the report without `draft`")
     require_over(report)
+    require_witnessed(report)
     journal.lock_logs(session, [report.contract_id])
     found = issued_document(session, report.contract_id, report.month_label)
     if found is not None:

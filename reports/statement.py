@@ -33,12 +33,13 @@ from billing import services as billing_services
 from billing.amendments import contract_in_force
 from billing.display import money_text, rate_text, verdict
 from billing.models import BillingYear
+from billing.witness_policy import WitnessStatus, checkpoint_status, latest_witnessed
 from billing.years import contract_year_bounds, contract_year_dates
 from ledger import ids, journal
 from ledger.canonical import canonical_bytes
 from ledger.models import JournalEntry
 from reports.documents import IssuedReport, insert_issued, issued_document
-from reports.errors import ReportError
+from reports.errors import NotWitnessed, ReportError
 from reports.models import STATEMENT
 from reports.monthly import (
     MONTH_NAMES,
@@ -46,6 +47,7 @@ from reports.monthly import (
     REPORT_NAMESPACE,
     safe_name,
     select_checkpoint,
+    witness_context,
 )
 from reports.render import html_to_pdf, render_template
 
@@ -88,6 +90,8 @@ class YearStatement:
     pdf: bytes
     html_sha256: str
     pdf_sha256: str
+    #: The checkpoint against the contract's witness policy (stated on the page).
+    witness: WitnessStatus | None = None
 
     @property
     def html_bytes(self) -> bytes:
@@ -107,6 +111,7 @@ def build_year_statement(
     :class:`YearNotClosed`, and the checkpoint errors of
     :func:`reports.monthly.select_checkpoint`."""
     cp = select_checkpoint(session, contract_id, checkpoint_size)
+    witness = checkpoint_status(session, cp)
     state = session.get(BillingYear, (contract_id, k))
     if state is None or state.closed_seq >= cp.tree_size:
         raise YearNotClosed(
@@ -182,6 +187,7 @@ def build_year_statement(
             "signed_at": as_of.astimezone(UTC).isoformat(),
             "note": cp.note,
         },
+        "witness": witness_context(witness),
     }
     html = render_template(TEMPLATE, context)
     pdf = html_to_pdf(html)
@@ -195,6 +201,7 @@ def build_year_statement(
         pdf=pdf,
         html_sha256=hashlib.sha256(html.encode("utf-8")).hexdigest(),
         pdf_sha256=hashlib.sha256(pdf).hexdigest(),
+        witness=witness,
     )
 
 
@@ -232,12 +239,27 @@ def issue_year_statement(
     session: Session, contract_id: str, k: int, checkpoint_size: int | None = None
 ) -> IssuedReport:
     """Issue contract year ``k``'s statement once (stored bytes and a ``report`` entry,
-    under the contract's log lock), or return the issued one (``created`` False)."""
+    under the contract's log lock), or return the issued one (``created`` False).
+
+    Over the checkpoint of ``checkpoint_size`` (default: the latest; for a contract with a
+    witness policy, the latest that meets it and covers the close). Raises
+    :class:`~reports.errors.NotWitnessed` when that checkpoint does not meet the
+    contract's witness policy, and the errors of :func:`build_year_statement`."""
     period = statement_period(k)
     found = issued_document(session, contract_id, period, STATEMENT)
     if found is not None:
         return found
+    if checkpoint_size is None:
+        state = session.get(BillingYear, (contract_id, k))
+        cp, _ = latest_witnessed(session, contract_id)
+        if cp is not None and state is not None and cp.tree_size > state.closed_seq:
+            checkpoint_size = cp.tree_size
     st = build_year_statement(session, contract_id, k, checkpoint_size)
+    if st.witness is not None and not st.witness.met:
+        raise NotWitnessed(
+            f"the statement of contract year {k} of {contract_id!r}: {st.witness.words()} "
+            "A statement of this contract is issued only over a checkpoint that meets it."
+        )
     sizes = journal.lock_logs(session, [contract_id])
     found = issued_document(session, contract_id, period, STATEMENT)
     if found is not None:

@@ -385,6 +385,21 @@ def export_cmd(
     )
 
 
+def _witness_policy_file(arg: str) -> Any:
+    """The JSON of ``--witnesses FILE`` (None for ``none``); exit 2 naming the option when
+    the file cannot be read or is not JSON (its fields are checked by the amendment)."""
+    import json
+
+    if arg == "none":
+        return None
+    try:
+        with open(arg, "rb") as f:
+            raw = f.read(1 << 20)
+        return json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        fail(f"--witnesses {arg}: cannot read a JSON policy: {exc}")
+
+
 @billing_app.command("amend")
 def amend_cmd(
     contract_id: Annotated[str, typer.Argument(help="The contract.")],
@@ -395,6 +410,16 @@ def amend_cmd(
     term_years: Annotated[int | None, typer.Option(help="New (longer) term, in years.")] = None,
     threshold_percent: Annotated[str | None, typer.Option(help="New threshold.")] = None,
     credit_percent: Annotated[str | None, typer.Option(help="New credit percent.")] = None,
+    witnesses: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="New witness policy: a JSON file holding an object with \"keys\" (the "
+            "witnesses' cosignature/v1 keys) and \"quorum\" (how many must cosign), "
+            "docs/audit.md §7; or 'none' to remove it. It governs every checkpoint signed "
+            "after the amendment is recorded, whatever --effective says.",
+        ),
+    ] = None,
     in_progress: Annotated[
         bool,
         typer.Option(
@@ -424,6 +449,8 @@ def amend_cmd(
         terms["threshold_percent"] = threshold_percent
     if credit_percent is not None:
         terms["credit_percent"] = credit_percent
+    if witnesses is not None:
+        terms["witnesses"] = _witness_policy_file(witnesses)
     if terms:
         changes["terms"] = terms
     with application() as ctx:

@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="how many of the --witness-key witnesses must have cosigned "
                    "(default: all)")
     p.add_argument(
+        "--terms", type=Path, metavar="FILE",
+        help="your copy of the contract (JSON, as signed) or of its terms: its witness "
+        "policy (terms.witnesses) must be met by the export's checkpoint, and a log that "
+        "records another policy is reported. Without it, the policy recorded in the "
+        "log's contract entry (as amended) is required (docs/audit.md §7)",
+    )
+    p.add_argument(
         "--max-bytes",
         type=int,
         default=MAX_TOTAL,
@@ -129,6 +136,7 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
     from yoco_verify.figures import recompute
+    from yoco_verify.policy import report_policy_problems
     from yoco_verify.report import (
         check_visible,
         entry_disagrees,
@@ -173,6 +181,8 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
         )
         return
     out.ok(f"  checkpoint {size}: root {root} matches the log's first {size} entries")
+    for problem in report_policy_problems(led, size, b, issued=entry is not None):
+        out.bad(f"  witnesses: {problem}")
     sub = led if size == led.size else led.prefix(size)
     try:
         rec = recompute(sub, b)
@@ -217,6 +227,37 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
         out.bad(f"  credit: {problem}")
 
 
+def _check_policy(log: VerifiedLog, led: Ledger, terms: Path | None, out: _Out) -> None:
+    """The contract's witness policy on the export's checkpoint: the one the log records
+    (its contract entry as amended under the checkpoint) and, with ``--terms``, yours."""
+    from yoco_verify.policy import log_policy, read_terms_policy, words
+
+    recorded = log_policy(led, log.size)
+    if recorded is None:
+        out.ok("witness policy: the contract's terms in the log name none (the checkpoint "
+               "rests on the operator's signature alone)")
+    else:
+        check = recorded.check(log.note)
+        line = f"witness policy (the contract's terms in the log): {words(recorded, check)}"
+        if check.met:
+            out.ok(line)
+        else:
+            out.bad(f"{line}: the checkpoint does not meet the contract's witness policy")
+    if terms is None:
+        return
+    yours = read_terms_policy(terms)
+    check = yours.check(log.note)
+    line = f"witness policy (your terms, {terms.name}): {words(yours, check)}"
+    if check.met:
+        out.ok(line)
+    else:
+        out.bad(f"{line}: the checkpoint does not meet your witness policy")
+    if recorded != yours:
+        shown = recorded.describe() if recorded is not None else "none"
+        out.bad(f"witness policy: the log records {shown}, your terms say "
+                f"{yours.describe()}: the contract in the log is not the one you hold")
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the verifier; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -245,6 +286,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 raise VerifyError(str(exc)) from None
             out.ok(f"checkpoint cosigned by {len(names)} witness(es) you trust: "
                    f"{', '.join(names) or 'none needed'}")
+        _check_policy(log, led, args.terms, out)
         cid = led.contract.contract_id
         if log.origin.rsplit("/", 1)[-1] != cid:
             out.bad(f"log: the checkpoint's origin {log.origin!r} is not contract {cid!r}'s log")

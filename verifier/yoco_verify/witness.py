@@ -377,9 +377,11 @@ def require_cosignatures(signed: str, keys: Sequence[str], quorum: int | None) -
     """Check that checkpoint note ``signed`` carries valid cosignatures of at least
     ``quorum`` (default: all) of the witness ``keys`` (key texts or files holding one);
     return the names of the witnesses that cosigned. Raises ``VerifyError`` naming the
-    missing ones when the policy is not met, and ``ValueError`` on a bad key or quorum."""
+    missing ones when the policy is not met, and ``ValueError`` on a bad key or quorum.
+    The counting is :class:`WitnessPolicy`'s, the contract policy's own."""
     from yoco_verify import VerifyError
-    from yoco_verify.shared.ledger.cosign import CosignerKey, cosignatures
+    from yoco_verify.shared.ledger.cosign import CosignerKey, WitnessPolicy
+    from yoco_verify.shared.ledger.errors import WitnessPolicyError
 
     parsed = []
     for k in keys:
@@ -396,10 +398,13 @@ def require_cosignatures(signed: str, keys: Sequence[str], quorum: int | None) -
     need = len(parsed) if quorum is None else quorum
     if not 0 <= need <= len(parsed):
         raise ValueError(f"--quorum: {need} is not within 0..{len(parsed)} witness keys")
-    found = cosignatures(signed, parsed)
-    names = [p.name for p in parsed if p.to_text() in found]
-    if len(names) < need:
-        missing = ", ".join(p.name for p in parsed if p.to_text() not in found)
-        raise VerifyError(f"checkpoint: cosigned by {len(names)} of the witnesses you trust, "
-                          f"the policy needs {need} (missing: {missing})")
-    return names
+    try:
+        policy = WitnessPolicy(tuple(parsed), max(need, 1))
+    except WitnessPolicyError as exc:
+        raise ValueError(f"--witness-key: {exc.reason}") from None
+    check = policy.check(signed)
+    if len(check.cosigned) < need:
+        raise VerifyError(f"checkpoint: cosigned by {len(check.cosigned)} of the witnesses "
+                          f"you trust, the policy needs {need} (missing: "
+                          f"{', '.join(check.missing)})")
+    return list(check.cosigned)

@@ -8,20 +8,30 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from billing.witness_policy import checkpoint_statuses, policy_at
 from web import services
 from web.deps import PageDb, PortalDep, UserDep
 from web.render import attachment, page
 
 router = APIRouter(include_in_schema=False)
 
+#: The newest heads whose witness status the page states (each costs an Ed25519 check per
+#: cosignature); older ones show none.
+WITNESS_STATUS_HEADS = 200
+
 
 @router.get("/contracts/{contract_id}/checkpoints")
 def checkpoint_page(
     request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
 ) -> Response:
-    """Every signed tree head of the log, and a form for a consistency proof between two."""
+    """Every signed tree head of the log, and a form for a consistency proof between two;
+    with the contract's witness policy, whether each of the newest heads meets it."""
     contract = services.contract_for(db, user, contract_id)
     heads = services.checkpoints(db, user, contract_id)
+    shown = heads[:WITNESS_STATUS_HEADS]
+    statuses = dict(zip((h.tree_size for h in shown),
+                        checkpoint_statuses(db, contract_id, shown), strict=True))
+    policy = policy_at(db, contract_id, heads[0].tree_size) if heads else None
     return page(
         request,
         "checkpoints.html",
@@ -30,6 +40,8 @@ def checkpoint_page(
             "heads": heads,
             "tz": contract.timezone,
             "verifier_key": portal.verifier_key,
+            "witness": statuses if any(st.policy for st in statuses.values()) else None,
+            "policy": policy,
             "section": "checkpoints",
         },
     )

@@ -16,8 +16,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.witness_policy import WitnessStatus, checkpoint_statuses
+from ledger.checkpoints import latest
+from ledger.models import Checkpoint
 from reports import issued as ri
 from reports.documents import document_of
 from reports.models import STATEMENT
@@ -79,6 +83,8 @@ def report_list(
     view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
     issued = {d.period: d for d in ri.list_issued(db, contract_id)}
     statements = ri.list_issued(db, contract_id, STATEMENT)
+    witness, draft_witness = _witness_statuses(
+        db, contract_id, {d.checkpoint_size for d in [*issued.values(), *statements]})
     return page(
         request,
         "reports.html",
@@ -88,10 +94,30 @@ def report_list(
             "months": services.months_so_far(view),
             "issued": issued,
             "statements": statements,
+            "witness": witness,
+            "draft_witness": draft_witness,
             "years": list(range(1, view.contract.term_years + 1)),
             "section": "reports",
         },
     )
+
+
+def _witness_statuses(
+    db: Session, contract_id: str, sizes: set[int]
+) -> tuple[dict[int, WitnessStatus], WitnessStatus | None]:
+    """The witness status of the checkpoints of ``sizes`` (the issued documents') and of
+    the latest checkpoint (the drafts'); empty and None when the contract names no
+    witness policy at any of them."""
+    head = latest(db, contract_id)
+    if head is not None:
+        sizes = sizes | {head.tree_size}
+    cps = list(db.execute(select(Checkpoint).where(
+        Checkpoint.log_id == contract_id, Checkpoint.tree_size.in_(sorted(sizes))
+    ).order_by(Checkpoint.tree_size)).scalars())
+    statuses = {st.tree_size: st for st in checkpoint_statuses(db, contract_id, cps)}
+    if not any(st.policy is not None for st in statuses.values()):
+        return {}, None
+    return statuses, statuses.get(head.tree_size) if head is not None else None
 
 
 def _month(db: Session, user: Principal, contract_id: str, month: str) -> tuple[int, int]:

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from yoco_verify.shared.ledger.cosign import WitnessPolicy
+from yoco_verify.shared.ledger.errors import WitnessPolicyError
+
 __all__ = [
     "DEFAULT_COVERED_CLASSES",
     "DEFAULT_CREDIT_PERCENT",
@@ -27,7 +30,7 @@ DEFAULT_EXCLUDED_CAUSES: frozenset[str] = frozenset(
     {"network_wide_outage", "facility_power", "customer_code"}
 )
 
-_KEYS = ("threshold_percent", "credit_percent", "covered_classes", "excluded_causes")
+_KEYS = ("threshold_percent", "credit_percent", "covered_classes", "excluded_causes", "witnesses")
 
 
 def parse_percent(name: str, value: object) -> Decimal:
@@ -72,13 +75,16 @@ class Terms:
 
     ``threshold_percent`` and ``credit_percent`` are exact Decimals with ``0 < p <= 100``;
     ``covered_classes`` is a subset (possibly empty) of ``unplanned``, ``preemptive`` and
-    ``planned``; ``excluded_causes`` is any set of non-empty cause codes.
+    ``planned``; ``excluded_causes`` is any set of non-empty cause codes; ``witnesses``
+    is the contract's witness policy (:class:`ledger.cosign.WitnessPolicy`: which witnesses
+    must cosign a checkpoint before it counts for the contract), None when it has none.
     """
 
     threshold_percent: Decimal = DEFAULT_THRESHOLD_PERCENT
     credit_percent: Decimal = DEFAULT_CREDIT_PERCENT
     covered_classes: frozenset[str] = field(default=DEFAULT_COVERED_CLASSES)
     excluded_causes: frozenset[str] = field(default=DEFAULT_EXCLUDED_CAUSES)
+    witnesses: WitnessPolicy | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold_percent, str):
@@ -102,6 +108,8 @@ class Terms:
         object.__setattr__(
             self, "excluded_causes", _str_set("excluded_causes", self.excluded_causes)
         )
+        if self.witnesses is not None and not isinstance(self.witnesses, WitnessPolicy):
+            raise ValueError(f"witnesses: expected a WitnessPolicy, got {self.witnesses!r}")
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any] | None) -> Terms:
@@ -128,6 +136,11 @@ class Terms:
                 if not isinstance(value, (list, tuple)):
                     raise ValueError(f"terms.{key}: expected a JSON array, got {value!r}")
                 kwargs[key] = _str_set(f"terms.{key}", value)
+        if obj.get("witnesses") is not None:
+            try:
+                kwargs["witnesses"] = WitnessPolicy.from_json(obj["witnesses"], "terms.witnesses")
+            except WitnessPolicyError as exc:
+                raise ValueError(str(exc)) from None
         try:
             return cls(**kwargs)
         except ValueError as exc:
@@ -136,11 +149,15 @@ class Terms:
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form: percentages as decimal strings, sets as sorted arrays.
 
-        Promises: ``Terms.from_json(t.to_json()) == t``; the output is deterministic.
+        Promises: ``Terms.from_json(t.to_json()) == t``; the output is deterministic;
+        ``witnesses`` appears only when the terms hold a witness policy.
         """
-        return {
+        out: dict[str, Any] = {
             "threshold_percent": format(self.threshold_percent, "f"),
             "credit_percent": format(self.credit_percent, "f"),
             "covered_classes": sorted(self.covered_classes),
             "excluded_causes": sorted(self.excluded_causes),
         }
+        if self.witnesses is not None:
+            out["witnesses"] = self.witnesses.to_json()
+        return out

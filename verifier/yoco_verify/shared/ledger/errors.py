@@ -20,12 +20,23 @@ __all__ = [
     "ProofError",
     "SuperuserLogin",
     "TreeSizeError",
+    "WitnessPolicyError",
     "ensure",
 ]
 
 
 class LedgerError(ValueError):
     """Base class of the ledger's input-rejection errors."""
+
+
+class WitnessPolicyError(LedgerError):
+    """A contract's witness policy (``terms.witnesses``) is malformed: ``field`` names the
+    part (``terms.witnesses.keys[1]``), ``reason`` says what is wrong with it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
 
 
 class ProofError(LedgerError):
