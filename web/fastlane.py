@@ -1,42 +1,48 @@
-"""The API's fast lane: a repeated GET answered again without FastAPI, in the event loop.
+"""The API's replay of repeated GETs, behind the normal authentication.
 
 A GET of ``/api/v1`` is a function of a few inputs (see :mod:`web.conditional`): the
 request target, the caller's tenant scope, its ``If-None-Match``, the state of the
 contract's log (its size and latest signed tree size) and, for figures that depend on
 the time, the figures instant.  A handler that knows its answer is exactly such a
-function *declares* it (:func:`web.replay.declare`: the scope, the log state and the instant it
-used); :class:`FastLane`, a plain ASGI middleware outside everything else, then keeps
-the complete response (status, every header, body) under
+function *declares* it (:func:`web.replay.declare`: the scope, the log state and the
+instant it used); :class:`FastLane`, a plain ASGI middleware outside everything else,
+then keeps the complete response (status, every header, body) under
 
     (scope, raw path, raw query, If-None-Match) -> (log state, instant, response)
 
-and answers the next request with the same key from it, **only** when
+**The cache's invalidation rule** (the portal's one answer cache; docs/portal.md): a kept
+answer is never invalidated by an event; it is *checked* on every use and used only
+while all three of what it was made of are unchanged -- the caller's tenant scope (part
+of the key), the figures instant (``YOCO_WEB_FIGURES_TTL_SECONDS``) and the contract
+log's state, read afresh for that request by the visibility probe
+(:class:`web.replay.AsyncProbe`, which runs as the caller's scope: a contract it may not
+see has no state). A new entry, a new signed checkpoint, a new instant or another tenant
+therefore never meets a kept answer; space is bounded by bytes
+(``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).
 
-- the caller is known without asking the database, by the very rule the handlers use
-  (:func:`web.deps.known_principal`: a bearer token or a session seen live within
-  ``YOCO_WEB_SESSION_CACHE_SECONDS``) and may read (``can_read``), and its scope is
-  the kept one — so one tenant's answer never reaches another, and revocation works as
-  it does for every read (within that TTL);
-- the figures instant now is the kept one;
-- the visibility probe, run now in the event loop (:class:`web.replay.AsyncProbe`), sees the
-  contract for this scope with the kept log state — so an answer is never older than
-  the ledger state it claims, and a contract the caller may not see is never answered
-  from here (the handler answers 404).
+Who may be answered from it is decided by the API's one authentication path:
+:func:`web.deps.api_reader` (every read route's dependency) first knows the caller the
+usual way -- a token or session remembered within ``YOCO_WEB_SESSION_CACHE_SECONDS``,
+else asked of the database -- and refuses whoever may not read; only then does it call
+:func:`replay_kept`, which finds the kept answer and, if it is still exactly the answer,
+marks the request so that this middleware sends those bytes instead of whatever the
+application sends (the request ends with :class:`Replayed` before the handler runs). The
+public key (no caller) does the same through :func:`web.deps.public_reader`.
 
 An answer that sets a cookie is never kept (it belongs to one caller, not to a tenant).
-Anything else — another method, a path outside ``/api/v1``, an unknown caller, no kept
-answer, a different state, an error of the probe — goes to the application as before.
-What is replayed is byte for byte what the handler sent for an identical request in
-the identical state, so the behaviour of every route is unchanged; what is saved is
-the routing, the dependency solving, the hop to the thread pool and the pooled
-connection checkout of each repeated request, and concurrent requests for one contract
-share one probe round trip.
+What is replayed is byte for byte what the handler sent for an identical request in the
+identical state, so the behaviour of every route is unchanged; what is saved is the
+handler itself: the hop to the thread pool, the pooled connection checkout and the
+answer's making, and concurrent requests for one contract share one probe round trip.
+(Before, this middleware also answered before FastAPI with an authentication of its
+own; what folding it into the normal path costs is in docs/benchmarks-portal.md.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from web.accounts import Principal
@@ -54,7 +60,7 @@ CONTRACTS = LIST + "/"
 PUBLIC_PATHS = frozenset({"/api/v1/public-key"})
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     """The first value of header ``name`` (lower case), as Starlette reads it."""
     for k, v in scope["headers"]:
         if k == name:
@@ -62,35 +68,81 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
+class Replayed(Exception):  # not an error: the request is answered
+    """Raised by :func:`replay_kept` once the request is marked to be answered from the
+    kept answer; the application answers it with an empty response, which
+    :class:`FastLane` replaces by the kept bytes."""
+
+
+async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
+                      who: Principal | None) -> None:
+    """If a kept answer is still exactly the answer to this request of ``who`` (already
+    authenticated and allowed to read; None: a public answer), mark the request to be
+    answered with it and raise :class:`Replayed`; else return (the handler answers). A
+    failed probe is logged (once a minute) and the handler answers."""
+    holder = scope.get(SCOPE_KEY)
+    if not isinstance(holder, Declaration) or not portal.probes.serving():
+        return
+    path: str = scope["path"]
+    if who is None:
+        if path not in PUBLIC_PATHS:
+            return
+        who_scope = PUBLIC
+    else:
+        if path != LIST and not path.startswith(CONTRACTS):
+            return
+        who_scope = scope_settings(who)
+    target = (scope.get("raw_path") or path.encode(), scope["query_string"])
+    kept = portal.replays.get((who_scope, *target, _header(scope, b"if-none-match")))
+    if kept is None:
+        return
+    if kept.at is not None and kept.at != portal.figures_now():
+        return
+    if kept.state is not None or who_scope is not PUBLIC:
+        contract_id = None if path == LIST else path[len(CONTRACTS):].split("/", 1)[0]
+        if contract_id == "":
+            return
+        try:
+            state = await portal.probes.state(who_scope, contract_id)
+        except Exception:  # the probe's connection broke, or worse: the usual way
+            _warn_once(portal, path)
+            return
+        if state is None or state != kept.state:
+            return
+    portal.replays.hits += 1
+    holder.replay = kept
+    raise Replayed
+
+
+_WARNED: dict[int, float] = {}
+
+
+def _warn_once(portal: Portal, path: str) -> None:
+    now = time.monotonic()
+    if now - _WARNED.get(id(portal), -1e9) > 60:  # once a minute, not once per request
+        _WARNED[id(portal)] = now
+        log.warning("replay: answering %s the usual way", path, exc_info=True)
+
+
 class FastLane:
-    """Replays declared answers of ``/api/v1`` GETs (see the module's docstring)."""
+    """Keeps the declared answers of ``/api/v1`` GETs, and sends a kept one for a
+    request :func:`replay_kept` marked (see the module's docstring)."""
 
     def __init__(self, app: Any, portal: Portal) -> None:
         self.app = app
         self.portal = portal
-        self._warned = -1e9
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
             or not scope["path"].startswith(PREFIX)
-            or not self.portal.probes.serving()
         ):
             await self.app(scope, receive, send)
             return
         portal = self.portal
         target = (scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
         inm = _header(scope, b"if-none-match")
-        try:
-            if await self._replayed(scope, target, inm, send):
-                return
-        except Exception:  # the probe's connection broke, or worse: the usual way
-            now = time.monotonic()
-            if now - self._warned > 60:  # once a minute, not once per request
-                self._warned = now
-                log.warning("fast lane: answering %s the usual way", scope["path"],
-                            exc_info=True)
         holder = Declaration()
         scope[SCOPE_KEY] = holder
         start: dict[str, Any] = {}
@@ -99,6 +151,8 @@ class FastLane:
 
         async def keep(message: Any) -> None:
             nonlocal complete
+            if holder.replay is not None:
+                return  # the application's stand-in for the kept answer: not sent
             if message["type"] == "http.response.start":
                 start.update(message)
             elif message["type"] == "http.response.body":
@@ -107,6 +161,12 @@ class FastLane:
             await send(message)
 
         await self.app(scope, receive, keep)
+        kept = holder.replay
+        if kept is not None:
+            await send({"type": "http.response.start", "status": kept.status,
+                        "headers": kept.headers})
+            await send({"type": "http.response.body", "body": kept.body})
+            return
         status = start.get("status")
         if holder.at is not None and portal.settings.figures_ttl_seconds <= 0:
             return  # figures of this very microsecond: never asked for again
@@ -121,47 +181,3 @@ class FastLane:
                 Kept(holder.state, holder.at, int(status),
                      list(start.get("headers", [])), b"".join(parts)),
             )
-
-    async def _replayed(
-        self, scope: Any, target: tuple[bytes, bytes], inm: str | None, send: Any
-    ) -> bool:
-        """Answer from a kept answer if it is still exactly the answer; False if not."""
-        from web.deps import SESSION_COOKIE, known_principal
-
-        portal = self.portal
-        path: str = scope["path"]
-        if path in PUBLIC_PATHS:
-            who_scope = PUBLIC
-        else:
-            if path != LIST and not path.startswith(CONTRACTS):
-                return False
-            cookie = None
-            auth = _header(scope, b"authorization")
-            if auth is None:
-                raw = _header(scope, b"cookie")
-                if raw:
-                    from starlette.requests import cookie_parser
-
-                    cookie = cookie_parser(raw).get(SESSION_COOKIE)
-            who = known_principal(portal, auth, cookie)
-            # the rule of web.deps.api_reader: someone known who may read
-            if not isinstance(who, Principal) or not who.can_read:
-                return False
-            who_scope = scope_settings(who)
-        kept = portal.replays.get((who_scope, *target, inm))
-        if kept is None:
-            return False
-        if kept.at is not None and kept.at != portal.figures_now():
-            return False
-        if kept.state is not None or who_scope is not PUBLIC:
-            contract_id = None if path == LIST else path[len(CONTRACTS):].split("/", 1)[0]
-            if contract_id == "":
-                return False
-            state = await portal.probes.state(who_scope, contract_id)
-            if state is None or state != kept.state:
-                return False
-        portal.replays.hits += 1
-        await send({"type": "http.response.start", "status": kept.status,
-                    "headers": kept.headers})
-        await send({"type": "http.response.body", "body": kept.body})
-        return True
