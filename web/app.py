@@ -22,7 +22,6 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from web.errors import LoginRequired, NotFound, RateLimited, WebError
-from web.fastlane import Replayed
 from web.portal import Host, Portal
 from web.settings import WebSettings
 
@@ -97,11 +96,6 @@ def _json_error(status: int, message: str, errors: Any = None) -> JSONResponse:
     if errors is not None:
         body["errors"] = errors
     return JSONResponse(body, status_code=status)
-
-
-async def _replayed(request: Request, exc: Exception) -> Response:
-    # A stand-in: web.fastlane.FastLane sends the kept answer instead of this one.
-    return Response(status_code=204)
 
 
 async def _web_error(request: Request, exc: Exception) -> Response:
@@ -194,9 +188,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 
 class _PortalApp(FastAPI):
-    """FastAPI with the replay's middleware (:class:`web.fastlane.FastLane`) outside its
-    whole middleware stack: what it keeps has passed through all of them (the security
-    headers included), and a replayed answer is sent as kept, byte for byte."""
+    """FastAPI with the fast lane (:class:`web.fastlane.FastLane`) outside its whole
+    middleware stack: a replayed answer costs none of FastAPI's per-request layers, and
+    what it keeps has passed through all of them (the security headers included)."""
 
     def build_middleware_stack(self) -> Any:
         from web.fastlane import FastLane
@@ -251,7 +245,6 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     app.add_exception_handler(WebError, _web_error)
-    app.add_exception_handler(Replayed, _replayed)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _any_error)

@@ -17,7 +17,6 @@ from starlette.concurrency import run_in_threadpool
 
 from web.accounts import Principal, principal_of_user, session_user, token_principal
 from web.errors import CsrfFailed, Forbidden, Invalid, LoginRequired, NotFound
-from web.fastlane import replay_kept
 from web.portal import Portal
 
 SESSION_COOKIE = "yoco_session"
@@ -164,13 +163,7 @@ async def api_reader(request: Request, portal: PortalDep) -> Principal:
         raise LoginRequired("Send a session cookie or an 'Authorization: Bearer' token.")
     if not who.can_read:
         raise Forbidden("This token may only post records.")
-    await replay_kept(request.scope, portal, who)  # raises Replayed when answered so
     return who
-
-
-async def public_reader(request: Request, portal: PortalDep) -> None:
-    """Anyone (a public answer): replayed like a reader's (:func:`replay_kept`)."""
-    await replay_kept(request.scope, portal, None)
 
 
 def api_writer(request: Request, portal: PortalDep) -> Principal:
@@ -185,7 +178,6 @@ def api_writer(request: Request, portal: PortalDep) -> Principal:
 
 UserDep = Annotated[Principal, Depends(current_user)]
 ReaderDep = Annotated[Principal, Depends(api_reader)]
-PublicDep = Annotated[None, Depends(public_reader)]
 WriterDep = Annotated[Principal, Depends(api_writer)]
 
 

@@ -20,22 +20,23 @@ see has no state). A new entry, a new signed checkpoint, a new instant or anothe
 therefore never meets a kept answer; space is bounded by bytes
 (``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).
 
-Who may be answered from it is decided by the API's one authentication path:
-:func:`web.deps.api_reader` (every read route's dependency) first knows the caller the
-usual way -- a token or session remembered within ``YOCO_WEB_SESSION_CACHE_SECONDS``,
-else asked of the database -- and refuses whoever may not read; only then does it call
-:func:`replay_kept`, which finds the kept answer and, if it is still exactly the answer,
-marks the request so that this middleware sends those bytes instead of whatever the
-application sends (the request ends with :class:`Replayed` before the handler runs). The
-public key (no caller) does the same through :func:`web.deps.public_reader`.
+Who may be answered from it is decided by the API's one authentication path: the
+middleware runs :func:`web.deps.api_reader` -- the very dependency every read route
+runs, with its rule and its caches: a token or session remembered within
+``YOCO_WEB_SESSION_CACHE_SECONDS``, else asked of the database (the caller found is kept
+on the request, so a request that goes on to its handler is not looked up twice) -- and
+only a caller it lets in may get a kept answer; whoever it refuses goes to the
+application, which refuses them with the same error. Only then does
+:func:`replay_kept` look for the kept answer and check it as above. (The public key
+needs no caller.)
 
 An answer that sets a cookie is never kept (it belongs to one caller, not to a tenant).
 What is replayed is byte for byte what the handler sent for an identical request in the
 identical state, so the behaviour of every route is unchanged; what is saved is the
 handler itself: the hop to the thread pool, the pooled connection checkout and the
 answer's making, and concurrent requests for one contract share one probe round trip.
-(Before, this middleware also answered before FastAPI with an authentication of its
-own; what folding it into the normal path costs is in docs/benchmarks-portal.md.)
+(Answered here, outside FastAPI, it costs a third of the CPU of the same answer
+replayed after FastAPI's routing and dependency solving: docs/benchmarks-portal.md.)
 """
 
 from __future__ import annotations
@@ -68,50 +69,40 @@ def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     return None
 
 
-class Replayed(Exception):  # not an error: the request is answered
-    """Raised by :func:`replay_kept` once the request is marked to be answered from the
-    kept answer; the application answers it with an empty response, which
-    :class:`FastLane` replaces by the kept bytes."""
-
-
 async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
-                      who: Principal | None) -> None:
-    """If a kept answer is still exactly the answer to this request of ``who`` (already
-    authenticated and allowed to read; None: a public answer), mark the request to be
-    answered with it and raise :class:`Replayed`; else return (the handler answers). A
-    failed probe is logged (once a minute) and the handler answers."""
-    holder = scope.get(SCOPE_KEY)
-    if not isinstance(holder, Declaration) or not portal.probes.serving():
-        return
+                      who: Principal | None) -> Kept | None:
+    """The kept answer to this request of ``who`` (already let in by
+    :func:`web.deps.api_reader`; None: a public answer) if it is still exactly the
+    answer, else None (the handler answers). A failed probe is logged (once a minute)
+    and the handler answers."""
     path: str = scope["path"]
     if who is None:
         if path not in PUBLIC_PATHS:
-            return
+            return None
         who_scope = PUBLIC
     else:
         if path != LIST and not path.startswith(CONTRACTS):
-            return
+            return None
         who_scope = scope_settings(who)
     target = (scope.get("raw_path") or path.encode(), scope["query_string"])
     kept = portal.replays.get((who_scope, *target, _header(scope, b"if-none-match")))
     if kept is None:
-        return
+        return None
     if kept.at is not None and kept.at != portal.figures_now():
-        return
+        return None
     if kept.state is not None or who_scope is not PUBLIC:
         contract_id = None if path == LIST else path[len(CONTRACTS):].split("/", 1)[0]
         if contract_id == "":
-            return
+            return None
         try:
             state = await portal.probes.state(who_scope, contract_id)
         except Exception:  # the probe's connection broke, or worse: the usual way
             _warn_once(portal, path)
-            return
+            return None
         if state is None or state != kept.state:
-            return
+            return None
     portal.replays.hits += 1
-    holder.replay = kept
-    raise Replayed
+    return kept
 
 
 _WARNED: dict[int, float] = {}
@@ -124,9 +115,26 @@ def _warn_once(portal: Portal, path: str) -> None:
         log.warning("replay: answering %s the usual way", path, exc_info=True)
 
 
+async def _reader(scope: MutableMapping[str, Any], portal: Portal) -> Principal | None:
+    """The caller as :func:`web.deps.api_reader` lets it in, or None when it refuses
+    (the application then refuses the request the same way)."""
+    from starlette.requests import Request
+
+    from web.deps import api_reader
+    from web.errors import WebError
+
+    try:
+        return await api_reader(Request(scope), portal)
+    except WebError:
+        return None
+    except Exception:  # the database, say: the application answers (and reports) it
+        _warn_once(portal, str(scope["path"]))
+        return None
+
+
 class FastLane:
-    """Keeps the declared answers of ``/api/v1`` GETs, and sends a kept one for a
-    request :func:`replay_kept` marked (see the module's docstring)."""
+    """Keeps the declared answers of ``/api/v1`` GETs and replays them, after the API's
+    authentication (see the module's docstring)."""
 
     def __init__(self, app: Any, portal: Portal) -> None:
         self.app = app
@@ -137,12 +145,25 @@ class FastLane:
             scope["type"] != "http"
             or scope["method"] != "GET"
             or not scope["path"].startswith(PREFIX)
+            or not self.portal.probes.serving()
         ):
             await self.app(scope, receive, send)
             return
         portal = self.portal
         target = (scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
         inm = _header(scope, b"if-none-match")
+        path: str = scope["path"]
+        kept = None
+        if path in PUBLIC_PATHS:
+            kept = await replay_kept(scope, portal, None)
+        elif path == LIST or path.startswith(CONTRACTS):  # the read routes, ReaderDep's
+            who = await _reader(scope, portal)
+            kept = None if who is None else await replay_kept(scope, portal, who)
+        if kept is not None:
+            await send({"type": "http.response.start", "status": kept.status,
+                        "headers": kept.headers})
+            await send({"type": "http.response.body", "body": kept.body})
+            return
         holder = Declaration()
         scope[SCOPE_KEY] = holder
         start: dict[str, Any] = {}
@@ -151,8 +172,6 @@ class FastLane:
 
         async def keep(message: Any) -> None:
             nonlocal complete
-            if holder.replay is not None:
-                return  # the application's stand-in for the kept answer: not sent
             if message["type"] == "http.response.start":
                 start.update(message)
             elif message["type"] == "http.response.body":
@@ -161,12 +180,6 @@ class FastLane:
             await send(message)
 
         await self.app(scope, receive, keep)
-        kept = holder.replay
-        if kept is not None:
-            await send({"type": "http.response.start", "status": kept.status,
-                        "headers": kept.headers})
-            await send({"type": "http.response.body", "body": kept.body})
-            return
         status = start.get("status")
         if holder.at is not None and portal.settings.figures_ttl_seconds <= 0:
             return  # figures of this very microsecond: never asked for again

@@ -44,8 +44,6 @@ class Declaration:
     state: State | None = None
     at: datetime | None = None
     set: bool = False
-    #: Set by :func:`web.fastlane.replay_kept`: the kept answer this request gets.
-    replay: Kept | None = None
 
 
 def declare(

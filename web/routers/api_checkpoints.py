@@ -21,7 +21,7 @@ from web.conditional import (
     not_modified,
 )
 from web.db import LogState
-from web.deps import PortalDep, PublicDep, ReaderDep
+from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.pagecache import scope_key
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
@@ -152,7 +152,7 @@ def _get_consistency(
     response_class=PlainTextResponse,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
-def get_public_key(request: Request, portal: PortalDep, _replay: PublicDep) -> Response:
+def get_public_key(request: Request, portal: PortalDep) -> Response:
     """The checkpoint signer's verifier key (C2SP note verifier key); public."""
     key = portal.verifier_key
     etag = portal.etag("public-key", key)
