@@ -35,7 +35,7 @@ What is replayed is byte for byte what the handler sent for an identical request
 identical state, so the behaviour of every route is unchanged; what is saved is the
 handler itself: the hop to the thread pool, the pooled connection checkout and the
 answer's making, and concurrent requests for one contract share one probe round trip.
-(Answered here, outside FastAPI, it costs a third of the CPU of the same answer
+(Answered here, outside FastAPI, it costs under a third of the CPU of the same answer
 replayed after FastAPI's routing and dependency solving: docs/benchmarks-portal.md.)
 """
 
