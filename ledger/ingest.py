@@ -339,7 +339,7 @@ def ingest_stream(
     result, one unit of work each, committed in stream order), but its validation and
     encoding (:func:`prepare_batch`) run in ``workers`` worker processes
     (:class:`ledger.workers.PrepareWorker`), up to ``workers + 1`` batches ahead, while
-    this process writes the previous batch: on two cores, the records' checks and the
+    this process writes the previous batch: with a core to spare, the records' checks and the
     database's work overlap. ``workers=0``
     prepares every batch here, in turn. Yields each batch's result once it is committed.
     A refused batch raises :class:`~ledger.errors.IngestRefused` after every batch

@@ -54,7 +54,7 @@ class GenerationWatch:
 
     Why: every worker and spare checks for a new generation every 2 ms while it waits for
     a collective or a transfer; as store round trips those checks took CPU from the
-    transfers themselves on a 2-core machine. Now a check is an attribute read.
+    transfers themselves on a small machine. Now a check is an attribute read.
     ``ok`` turns False if the connection fails; callers then poll the store again.
     """
 
