@@ -10,7 +10,7 @@ then keeps the complete response (status, every header, body) under
 
     (scope, raw path, raw query, If-None-Match) -> (log state, instant, response)
 
-**The cache's invalidation rule** (the portal's one answer cache; docs/portal.md): a kept
+**The replay cache's invalidation rule** (docs/portal.md): a kept
 answer is never invalidated by an event; it is *checked* on every use and used only
 while all three of what it was made of are unchanged -- the caller's tenant scope (part
 of the key), the figures instant (``YOCO_WEB_FIGURES_TTL_SECONDS``) and the contract
@@ -105,13 +105,10 @@ async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
     return kept
 
 
-_WARNED: dict[int, float] = {}
-
-
 def _warn_once(portal: Portal, path: str) -> None:
     now = time.monotonic()
-    if now - _WARNED.get(id(portal), -1e9) > 60:  # once a minute, not once per request
-        _WARNED[id(portal)] = now
+    if now - portal.replays.warned_at > 60:  # once a minute, not once per request
+        portal.replays.warned_at = now
         log.warning("replay: answering %s the usual way", path, exc_info=True)
 
 
