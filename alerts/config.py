@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from alerts.errors import BadDestination, UnsafeAddress
+from yoco_records.backoff import backoff_s
 
 __all__ = [
     "METADATA_ADDRESSES",
@@ -210,10 +211,10 @@ def webhook_addresses(url: str, *, allow_unsafe: bool = False,
 
 @dataclass(kw_only=True, slots=True)
 class RetryPolicy:
-    """How a delivery is retried: ``max_attempts`` tries in all, waiting between them an
-    exponential backoff (``base_s`` × 2^(n−1), at most ``cap_s``) with jitter (a random
-    share of the second half of that wait, so that many failing deliveries do not retry
-    in lock-step), each try bounded by ``timeout_s``."""
+    """How a delivery is retried: ``max_attempts`` tries in all, waiting between them by
+    the product's backoff rule (:mod:`yoco_records.backoff`: ``base_s`` × 2^(n−1), at
+    most ``cap_s``, with jitter over its second half), each try bounded by
+    ``timeout_s``."""
 
     max_attempts: int = 5
     base_s: float = 1.0
@@ -230,12 +231,7 @@ class RetryPolicy:
 
     def backoff(self, failed: int, jitter: float) -> float:
         """Seconds to wait after the ``failed``-th failed attempt; ``jitter`` in [0, 1)."""
-        if failed < 1:
-            raise ValueError("failed: counts from 1")
-        if not 0 <= jitter <= 1:
-            raise ValueError("jitter: expected 0 <= j <= 1")
-        full = min(self.cap_s, self.base_s * 2 ** (failed - 1))
-        return full / 2 + full / 2 * jitter
+        return backoff_s(failed, base_s=self.base_s, cap_s=self.cap_s, jitter=jitter)
 
 
 def retry_policy_of(settings: object) -> RetryPolicy:

@@ -1,4 +1,4 @@
-"""HSDP benchmarks (issue 14): the GPT example sharded with FSDP2 under the runtime.
+"""HSDP benchmarks: the GPT example sharded with FSDP2 under the runtime.
 
     python bench/hsdp_bench.py [--section throughput|recovery|all] [--reps N]
                                [--models big,small] [--phases backward,reduce]
@@ -15,7 +15,7 @@
   new group, and the stall (that minus one steady step: design §6), against the bytes
   the replacement received (its shard of the model and AdamW state) / the best measured
   loopback bandwidth (TCP or gloo send/recv, as bench/runtime_bench.py measures it, after
-  each run). Goal: stall <= 3 x (issue 14), <= 1.5 x (design §6). Each run also prints
+  each run). Goal: stall <= 3 x (the first round's), <= 1.5 x (design §6). Each run also prints
   the recovery's phases from every worker's timeline (``YOCO_TIMELINE``), the median of
   each over the runs, and the load average. ``big`` (the default): a ~170 MB shard per
   rank (~28 M parameters); ``small``: the throughput model (a ~19 MB shard).
@@ -275,7 +275,7 @@ def recovery_of(tmp: Path, reps: int, label: str, model: list[str], phase: str) 
           f"first step {med['total'] * 1e3:.0f} ms, stall {med['stall'] * 1e3:.0f} ms; "
           f"stall / bound median {statistics.median(ratios):.2f} (quartiles "
           f"{_quartiles(ratios)}; runs {[round(x, 2) for x in ratios]}) -- goal <= 3 "
-          f"(issue 14), <= 1.5 (design §6); {load()}", flush=True)
+          f"(first round), <= 1.5 (design §6); {load()}", flush=True)
     print(f"[hsdp recovery] {label}/{phase}: median phases, ms after the SIGKILL: "
           + ", ".join(f"{k} {med[k] * 1e3:.0f}" for k in
                       ("detection", "abandoned", "out of body", "groups", "synced",

@@ -13,12 +13,12 @@ it), then, logged in as the product's roles (never a superuser):
    import``, fills the ledger with ``--existing`` SIMULATED entries through the product's
    stream path (``ledger.ingest.ingest_stream`` as the CLI's login), ANALYZEs the journal
    as the owner (what autovacuum does: the statistics that once flipped the duplicate
-   check to a sequential scan, issue 25), then times ``yoco ledger ingest FILE`` as a
+   check to a sequential scan), then times ``yoco ledger ingest FILE`` as a
    child process for a file of ``--records`` new SIMULATED lines (contracts of the same
    customers);
 2. **after demo**: a second database where ``yoco demo --no-training`` ran first, then
-   ``yoco ledger ingest`` of a ``--demo-records``-line file (the 256,299-line case of
-   issue 25).
+   ``yoco ledger ingest`` of a ``--demo-records``-line file (the 256,299-line file a
+   user once reported as slow).
 
 Prints, per case, the lines, the wall time of the ``yoco`` process, records/s, its peak
 RSS and the load average before and after (other work on the machine slows it).

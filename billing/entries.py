@@ -48,7 +48,7 @@ def make_entry(
     """A journal entry of ``kind`` whose body is ``payload`` plus the four identity fields.
 
     ``eid`` must come from :func:`event_id` or :func:`ledger.ids.random_internal_id`:
-    never a UUID v4, the producers' id space (issue 10: squatted ids).
+    never a UUID v4, the producers' id space (a producer could otherwise squat the id).
     """
     if ids.is_producer_event_id(eid):
         raise ValueError(f"event id {eid} is a UUID v4, which only producers may use")

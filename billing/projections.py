@@ -69,7 +69,7 @@ LATE_KINDS = frozenset({"failure", "outcome", "exclusion", "reclassification"})
 KINDS = BILLING_KINDS | LATE_KINDS
 
 #: When each failure happened, by event id: one index probe an id whatever the
-#: statistics (:func:`ledger.bulk.probe`, issue 25).
+#: statistics (:func:`ledger.bulk.probe`: never a scan of the table).
 FAILURE_TIMES = (
     "SELECT f.event_id, f.occurred_at FROM unnest(%s::uuid[]) AS q(id) "
     "JOIN failures f ON f.event_id = q.id"

@@ -177,8 +177,8 @@ def index_probes(cursor: Any) -> Iterator[None]:
 
     For lookups of many ids joined against ``unnest(%s::uuid[])``: the planner's choice
     otherwise follows the statistics, and once they say the id list is a sizeable part of
-    the table it flips to a sequential scan (issue 25: 12,000 ids against 22,624 entries
-    took 287 s). ``cursor`` is a psycopg cursor inside the caller's transaction; the
+    the table it flips to a sequential scan (docs/benchmarks.md, "Figures behind the code":
+    a scan of minutes). ``cursor`` is a psycopg cursor inside the caller's transaction; the
     settings are transaction-local (``set_config(..., true)``) and put back as they were
     when the block ends; if it raises, the caller's transaction is rolled back, which
     drops them too.

@@ -339,7 +339,7 @@ def ingest_stream(
     result, one unit of work each, committed in stream order), but its validation and
     encoding (:func:`prepare_batch`) run in ``workers`` worker processes
     (:class:`ledger.workers.PrepareWorker`), up to ``workers + 1`` batches ahead, while
-    this process writes the previous batch: on two cores, the records' checks and the
+    this process writes the previous batch: with a core to spare, the records' checks and the
     database's work overlap. ``workers=0``
     prepares every batch here, in turn. Yields each batch's result once it is committed.
     A refused batch raises :class:`~ledger.errors.IngestRefused` after every batch
@@ -391,7 +391,7 @@ def ingest_stream(
 #: event id is in the ``uuid[]`` parameter. A join against the unnested ids, run under
 #: :func:`ledger.bulk.index_probes`, is one probe of the unique index an id: its cost
 #: grows with the ids, never with the journal, and no statistics can turn it into a scan
-#: (issue 25). The array is parsed once, by the function scan, not once a row.
+#: (ledger.bulk.probe). The array is parsed once, by the function scan, not once a row.
 EXISTING_SQL = (
     "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
     "JOIN journal_entries j ON j.event_id = q.id"
@@ -470,8 +470,8 @@ def _ingest_indexed(
     if errors:
         raise IngestRefused(errors, what)
 
-    # Append in causal order (issue 10, item 5): references resolve wherever they stand
-    # in the batch; independent records keep their batch order.
+    # Append in causal order (the order of a batch's lines never matters): references
+    # resolve wherever they stand in the batch; independent records keep their batch order.
     if plan.order_problems:
         raise IngestRefused([locate(i, fld, msg) for i, fld, msg in plan.order_problems], what)
     order = plan.order
@@ -490,7 +490,7 @@ def _ingest_indexed(
                 result.duplicates += 1
             else:
                 # One answer whatever log holds the id and whatever it says: the producer
-                # learns nothing about logs it may not read (issue 10, item 2).
+                # learns nothing about logs it may not read (no probing other tenants' ids).
                 errors.append(locate(i, "event_id", event_id_taken(event_ids[i])))
         if errors:
             raise IngestRefused(errors, what)
@@ -517,7 +517,7 @@ def _ingest_indexed(
             for j, when, body in loaded.projected
         ]
         problems = projections.project(session, projected, extra_projectors)
-        if not problems:  # the rules that need the job (issue 27): ingest only, not replay
+        if not problems:  # the rules that need the job (plausibility): ingest only, not replay
             problems = plausibility.check_outcomes(session, projected)
         if problems:
             at = [j for j, _, _ in loaded.projected]

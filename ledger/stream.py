@@ -1,7 +1,8 @@
 """Large JSONL files in bounded memory: a compact index first, records re-read in chunks.
 
 `yoco ledger ingest` used to hold the whole file, every parsed object and every
-canonical encoding at once (a 50 MB file peaked at 854 MB). Here a first streaming pass
+canonical encoding at once (memory many times the file's size: docs/benchmarks.md,
+"Figures behind the code"). Here a first streaming pass
 validates every line and keeps only a compact index entry per record (what
 :func:`ledger.records.causal_order` needs, the line's offset and the leaf hash of the
 canonical bytes); :func:`read_records` then re-reads the lines of one chunk at a time,
@@ -11,9 +12,9 @@ With a spool (``index_file(..., spool=fh)``, what ``yoco ledger ingest`` does) t
 pass also writes each record's journal row, in COPY's binary format but for its sequence
 number, and the parsed body of the records the projectors read, to that temporary file;
 the second pass then reads those bytes back (:func:`read_spooled`) instead of parsing and
-validating every line a second time (issue 25: the second validation was a third of the
-CLI's time). What is appended is then exactly what was validated, even if the file
-changes meanwhile.
+validating every line a second time (the second validation was a third of the CLI's
+time: docs/benchmarks.md, "Figures behind the code"). What is appended is then exactly
+what was validated, even if the file changes meanwhile.
 """
 
 from __future__ import annotations

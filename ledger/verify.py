@@ -76,8 +76,9 @@ _SAME = (
 # One row per chunk of the log: the entries' canonical bytes, length-prefixed and
 # concatenated, their stored leaf hashes, and whether every queryable column says what
 # the bytes say (compared by the server).  Per-row overhead in the driver limits a
-# row-by-row scan to ~90k entries/s, and bytea in text format is hex that costs 10x
-# more to decode: so chunks, fetched in binary format through the driver directly.
+# row-by-row scan, and bytea in text format is hex that costs far more to decode
+# (docs/benchmarks.md, "Figures behind the code"): so chunks, fetched in binary format
+# through the driver directly.
 _CHUNK_SQL = (
     "SELECT count(*), min(seq), max(seq), "
     "string_agg(int4send(octet_length(canonical)) || canonical, ''::bytea ORDER BY seq), "

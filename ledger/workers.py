@@ -3,7 +3,7 @@
 :func:`ledger.ingest.ingest_stream` hands each batch's validation and encoding
 (:func:`ledger.prepare.prepare_batch`, no database) to a :class:`PrepareWorker`: a child
 Python process (``python -m ledger.workers``) that reads batches from a pipe and writes
-the prepared batches back, in order. On two cores the records' checks then run while
+the prepared batches back, in order. With a core to spare, the records' checks run while
 this process and the database append the batch before.
 
 The child is started as a fresh interpreter (not forked, and not through

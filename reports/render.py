@@ -116,7 +116,7 @@ def warn_without_harfbuzz_subset() -> bool:
     """Log a warning (once per process) when HarfBuzz's subsetter is missing; True if so.
 
     Without ``libharfbuzz-subset0`` WeasyPrint falls back to fontTools to subset the
-    embedded fonts, which makes every PDF about twice as slow to render (measured in
+    embedded fonts, which makes every PDF much slower to render (the figure is in
     docs/benchmarks-reports.md); the PDFs themselves stay correct.
     """
     from weasyprint.text import ffi

@@ -9,8 +9,9 @@ finalizes with that thread still inside ``wait()``; when a peer exits in that wi
 socket closes, the wait returns with gloo's "Connection closed by peer", and the thread,
 trying to take the GIL of a finalizing interpreter, is torn down by ``pthread_exit``
 inside a ``noexcept`` frame: ``terminate called``, SIGABRT, and the supervisor saw a
-member of a job whose every step was committed die (measured: a stuck recv plus a peer
-exiting during the finalization aborts 3 times out of 3; with this guard, 0).
+member of a job whose every step was committed die (a stuck recv plus a peer exiting
+during the finalization aborted every time without this guard, never with it;
+docs/benchmarks-runtime.md, "Figures behind the code").
 
 The same holds for a *collective* of an abandoned generation: it stays pending in a
 thread of its process group, and when a peer's exit finally fails it, the group's thread

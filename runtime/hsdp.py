@@ -25,11 +25,12 @@ rank's own replica group keeps its shard and its process. We do not depend on to
 Manager/Lighthouse quorum would duplicate the supervisor's membership, and its process
 group wrappers re-create a group per quorum in the same way we already do.
 
-Facts this rests on (torch 2.13, checked): FSDP2 reads ``mesh_info.shard_process_group``
-at each collective (not a copy), so swapping the object's backend is enough; re-registering
-a backend on a c10d ``ProcessGroup`` does *not* replace it (the first one of a backend type
-is kept), hence a Python group; a DeviceMesh built with ``_init_backend=False`` needs no
-default process group.
+Facts this rests on (torch 2.13; each private internal used here is pinned by
+tests/runtime/test_torch_contracts.py, which names it when a torch changes it): FSDP2
+reads ``mesh_info.shard_process_group`` at each collective (not a copy), so swapping the
+object's backend is enough; re-registering a backend on a c10d ``ProcessGroup`` does
+*not* replace it (the first one of a backend type is kept), hence a Python group; a
+DeviceMesh built with ``_init_backend=False`` needs no default process group.
 """
 
 from __future__ import annotations
@@ -333,8 +334,9 @@ def install_void_backward(model: torch.nn.Module, group: ElasticGroup,
 
     Why: when a peer dies, the survivors' step is void, but FSDP2's hooks run inside
     autograd and nothing there can stop the backward pass short of an exception: it ran
-    to its end on garbage (70-300 ms of compute of a 0.5-2.5 s step on this machine,
-    on the recovery's critical path and taking CPU from it). So ``group`` raises
+    to its end on garbage (a sizeable share of a step's compute, on the recovery's
+    critical path and taking CPU from it; docs/benchmarks-runtime.md, "Figures behind the
+    code"). So ``group`` raises
     :class:`StepVoid` from a collective of an abandoned step inside a backward pass, and
     ``torch.autograd.backward`` (what ``Tensor.backward`` calls) is wrapped, once per
     process, to catch it, reset FSDP2's iteration state (:func:`reset_void_step`) and
@@ -342,12 +344,12 @@ def install_void_backward(model: torch.nn.Module, group: ElasticGroup,
     as before) without seeing it. Outside an abandoned step the wrapper costs one
     Python call per ``backward()``. ``on_void`` runs after each pass cut short.
 
-    FSDP2's collectives come once per block and pass, and a block's backward took
-    30-100 ms on this machine: a rank whose own collectives all succeed (the dead rank's
-    twin in the other replica group) learnt of the death only at its next one. So each
-    leaf module with parameters also gets a gradient hook on its output (registered by a
-    forward hook, ~0.2 ms per pass for the GPT example) that checks the generation (an
-    attribute read) and ends the pass there. Not for a ``torch.compile``d model (hooks
+    FSDP2's collectives come once per block and pass, so a rank whose own collectives
+    all succeed (the dead rank's twin in the other replica group) learnt of the death
+    only at its next one, a whole block's backward later. So each leaf module with
+    parameters also gets a gradient hook on its output (registered by a forward hook; its
+    cost per pass is in the same figures) that checks the generation (an attribute read)
+    and ends the pass there. Not for a ``torch.compile``d model (hooks
     inside a compiled graph are its business): there the collectives alone check."""
     global _ORIGINAL_BACKWARD
     group.abort_backward = True
@@ -458,8 +460,9 @@ class ShardReducer:
         if self.flat is None or self.flat.numel() != n:
             self.flat = torch.zeros(n, dtype=torch.float32, device=self.device)
         flat = self.flat
-        # One copy kernel for all shards (a copy per tensor cost ~7 ms a step in Python
-        # on a busy 2-core machine; the bytes themselves take ~1 ms).
+        # One copy kernel for all shards: a copy per tensor cost several times the bytes'
+        # own copy in Python overhead (docs/benchmarks-runtime.md, "Figures behind the
+        # code").
         with torch.no_grad():
             if all(g.dtype == flat.dtype for g in grads):
                 torch.cat([g.reshape(-1) for g in grads], out=flat[:-1])
@@ -530,8 +533,9 @@ class LocalShardStep:
     Adamax, NAdam, RAdam; any other steps on the DTensors as usual).
 
     Why: on DTensors every foreach kernel of the optimizer goes through DTensor's
-    sharding propagation; for the GPT example (53 parameters) that was ~45 of AdamW's
-    ~90 ms a step on one CPU core, for arithmetic that is purely local (FSDP2's
+    sharding propagation; for the GPT example (53 parameters) that was half of AdamW's
+    step (docs/benchmarks-runtime.md, "Figures behind the code"), for arithmetic that is
+    purely local (FSDP2's
     parameters are ``Shard(0)``, an element-wise update never looks across shards). The
     step swaps in each parameter's local tensor (its gradient the local gradient, its
     state the states' local tensors), runs the optimizer's own ``step``, and swaps back;

@@ -54,7 +54,7 @@ class GenerationWatch:
 
     Why: every worker and spare checks for a new generation every 2 ms while it waits for
     a collective or a transfer; as store round trips those checks took CPU from the
-    transfers themselves on a 2-core machine. Now a check is an attribute read.
+    transfers themselves on a small machine. Now a check is an attribute read.
     ``ok`` turns False if the connection fails; callers then poll the store again.
     """
 
@@ -379,8 +379,10 @@ class Membership:
         # Fast path: a collective that has already completed (FSDP2 prefetches its
         # all-gathers, so most are done when waited for) needs no callback, no event and
         # no generation check: wait() returns at once (or raises its error). HSDP issues
-        # ~30 collectives a step, and the slow path's machinery cost ~1 ms each on a
-        # busy 2-core machine. (gloo p2p works report is_completed() only after wait().)
+        # tens of collectives a step, and the slow path's machinery (a callback, an event,
+        # the checks) cost each of them noticeably on a busy machine (docs/benchmarks-
+        # runtime.md, "Figures behind the code"). (gloo p2p works report is_completed()
+        # only after wait().)
         try:
             finished = bool(work.is_completed())
         except Exception:  # a work type without it: take the slow path

@@ -24,6 +24,7 @@ import errno
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ from typing import Any
 from runtime.errors import ConfigError, OutboxError
 from runtime.records import validate_record
 from runtime.sink import RecordSink, is_permanent_refusal
+from yoco_records.backoff import backoff_s
 
 log = logging.getLogger("yoco.runtime.outbox")
 
@@ -272,7 +274,11 @@ class DeadLetter:
 
 @dataclass(kw_only=True, slots=True)
 class DeliveryConfig:
-    """Retry policy of the :class:`Deliverer`."""
+    """Retry policy of the :class:`Deliverer`: after the n-th consecutive failed
+    delivery it waits by the product's backoff rule (:mod:`yoco_records.backoff`):
+    ``initial_backoff_s`` × 2^(n−1), at most ``max_backoff_s``, the second half of it
+    jittered (the training nodes of a cluster that lost the portal together do not come
+    back in lock-step)."""
 
     batch_size: int = 500
     initial_backoff_s: float = 0.05
@@ -351,7 +357,7 @@ class Deliverer:
                   rec.get("kind"), rec["event_id"], exc, self.outbox.dir / "dead.jsonl")
 
     def _run(self) -> None:
-        backoff = self.config.initial_backoff_s
+        failed = 0  # consecutive failed deliveries
         while not self._stop.is_set():
             if self.outbox.disk_error is not None:
                 self.outbox.retry_disk()
@@ -359,13 +365,15 @@ class Deliverer:
                 continue
             try:
                 self.deliver_once()
-                backoff = self.config.initial_backoff_s
+                failed = 0
             except Exception as exc:  # an outage: retry, never drop
                 self.failures += 1
+                failed += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("record delivery failed (%s); retrying in %.2fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff_s)
+                wait = backoff_s(failed, base_s=self.config.initial_backoff_s,
+                                 cap_s=self.config.max_backoff_s, jitter=random.random())
+                log.warning("record delivery failed (%s); retrying in %.2fs", exc, wait)
+                self._stop.wait(wait)
 
     def stop(self, drain_timeout: float = 10.0) -> bool:
         """Try to drain the outbox within ``drain_timeout`` s, then stop; True if drained.

@@ -38,9 +38,10 @@ def process_exiting(pid: int) -> bool:
     """True once the kernel has started to tear process ``pid`` down.
 
     A SIGKILLed process sets ``PF_EXITING`` (the flags word of ``/proc/PID/stat``, see
-    proc(5)) within ~1 ms, but its exit status becomes visible to ``waitpid`` only after
-    its memory is unmapped: 50-160 ms for a torch process holding a few hundred MB on this
-    machine. Deaths are therefore detected here, and classified by the exit status later.
+    proc(5)) at once, but its exit status becomes visible to ``waitpid`` only after its
+    memory is unmapped, which for a torch process holding a few hundred MB takes a hundred
+    times longer (docs/benchmarks-runtime.md, "Figures behind the code"). Deaths are
+    therefore detected here, and classified by the exit status later.
     Without ``/proc`` this always answers False (``waitpid`` alone then detects deaths).
     """
     if not _HAVE_PROC:

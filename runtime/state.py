@@ -3,8 +3,9 @@
 A state dict is walked once into a picklable *skeleton* (every tensor replaced by a
 :class:`TensorRef`) and a flat list of tensors. The skeleton travels through the store
 (it is small); the tensors travel point-to-point. Tensors under 256 KiB are packed into
-one byte buffer first, because a collective op costs ~0.1 ms whatever its size and an
-Adam state has two tiny ``step`` tensors per parameter.
+one byte buffer first, because a collective op has a fixed cost whatever its size
+(docs/benchmarks-runtime.md, "Figures behind the code") and an Adam state has two tiny
+``step`` tensors per parameter.
 """
 
 from __future__ import annotations

@@ -227,9 +227,10 @@ class StateTransfer:
         small ones -- for :meth:`sync` to use; the caller runs it while the groups form
         (:meth:`Membership.form_groups`'s ``meanwhile``). None: nothing to build.
 
-        Why: built after the vote it took 10-30 ms on the recovery's critical path on
-        this 2-core machine (a few ms of work, but the other members start their first
-        step's compute right after the vote and take the CPU), while during the regroup
+        Why: built after the vote it sat on the recovery's critical path and took
+        several times its own work there (the other members start their first step's
+        compute right after the vote and take the CPU; docs/benchmarks-runtime.md,
+        "Figures behind the code"), while during the regroup
         this process only waits on the rendezvous (its group threads wait in C++). The
         state cannot change in between: nothing trains or loads between the plan and the
         send (a receiver never sends in the same sync); a prediction that does not come

@@ -1,15 +1,15 @@
 """A fork server for a job's processes: a process that has already imported torch and
-forks a new worker in milliseconds instead of a fresh interpreter's 3-10 s.
+forks a new worker at once instead of a fresh interpreter's seconds of imports.
 
 Why: a spare that replaces one called in must be *warm* before the next move can use it,
-and a fresh ``import torch`` takes 3 s on an idle 2-core machine and up to 10 s under
-load. The first workers and spares are forked from it too (once it is ready): N fresh
-interpreters would make the same imports N times over on the same CPUs, so they would be
-ready no sooner, and on a small machine much later. The zygote imports torch and the
-runtime once, stays single-threaded in Python and runs
-no torch op (so a fork is safe), and forks a child per request; the child points its
-stdout/stderr at the worker's log, takes the worker's environment and runs the training
-script as ``__main__``, exactly as ``python SCRIPT ARGS`` would.
+and a fresh ``import torch`` takes seconds, several times longer on a loaded machine
+(docs/benchmarks-runtime.md, "Figures behind the code"). The first workers and spares
+are forked from it too (once it is ready): N fresh interpreters would make the same
+imports N times over on the same CPUs, so they would be ready no sooner, and on a small
+machine much later. The zygote imports torch and the runtime once, stays single-threaded
+in Python and runs no torch op (so a fork is safe), and forks a child per request; the
+child points its stdout/stderr at the worker's log, takes the worker's environment and
+runs the training script as ``__main__``, exactly as ``python SCRIPT ARGS`` would.
 
 Protocol (JSON lines): the supervisor writes ``{"slot", "env", "log", "argv"}`` to the
 zygote's stdin; the zygote answers ``{"ready": true}`` once, then ``{"slot", "pid"}`` per
@@ -72,7 +72,7 @@ def main() -> None:
     set_parent_death_signal()
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # the point of this process
-    import torch._dynamo  # an optimizer's constructor imports it lazily (~2 s)
+    import torch._dynamo  # an optimizer's constructor imports it lazily (seconds)
     import torch.distributed
 
     import runtime.job  # noqa: F401
@@ -126,7 +126,7 @@ def main() -> None:
             send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
     # Leave without the interpreter's teardown: the zygote holds nothing to flush or
     # release (its reports are written unbuffered), and tearing down an interpreter with
-    # torch and torch._dynamo loaded takes 1-3 s, which the job's end waits for. (Its
+    # torch and torch._dynamo loaded takes seconds, which the job's end waits for. (Its
     # children never get here: a child's script ends by raising out of this function.)
     sys.stderr.flush()
     os._exit(0)

@@ -1,4 +1,4 @@
-"""No guard is an ``assert`` (issue 27, item 4): ``python -O`` removes every ``assert``
+"""No guard is an ``assert``: ``python -O`` removes every ``assert``
 statement, so a check that protects data must be a named error that survives it."""
 
 from __future__ import annotations

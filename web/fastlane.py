@@ -1,42 +1,49 @@
-"""The API's fast lane: a repeated GET answered again without FastAPI, in the event loop.
+"""The API's replay of repeated GETs, behind the normal authentication.
 
 A GET of ``/api/v1`` is a function of a few inputs (see :mod:`web.conditional`): the
 request target, the caller's tenant scope, its ``If-None-Match``, the state of the
 contract's log (its size and latest signed tree size) and, for figures that depend on
 the time, the figures instant.  A handler that knows its answer is exactly such a
-function *declares* it (:func:`web.replay.declare`: the scope, the log state and the instant it
-used); :class:`FastLane`, a plain ASGI middleware outside everything else, then keeps
-the complete response (status, every header, body) under
+function *declares* it (:func:`web.replay.declare`: the scope, the log state and the
+instant it used); :class:`FastLane`, a plain ASGI middleware outside everything else,
+then keeps the complete response (status, every header, body) under
 
     (scope, raw path, raw query, If-None-Match) -> (log state, instant, response)
 
-and answers the next request with the same key from it, **only** when
+**The replay cache's invalidation rule** (docs/portal.md): a kept
+answer is never invalidated by an event; it is *checked* on every use and used only
+while all three of what it was made of are unchanged -- the caller's tenant scope (part
+of the key), the figures instant (``YOCO_WEB_FIGURES_TTL_SECONDS``) and the contract
+log's state, read afresh for that request by the visibility probe
+(:class:`web.replay.AsyncProbe`, which runs as the caller's scope: a contract it may not
+see has no state). A new entry, a new signed checkpoint, a new instant or another tenant
+therefore never meets a kept answer; space is bounded by bytes
+(``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).
 
-- the caller is known without asking the database, by the very rule the handlers use
-  (:func:`web.deps.known_principal`: a bearer token or a session seen live within
-  ``YOCO_WEB_SESSION_CACHE_SECONDS``) and may read (``can_read``), and its scope is
-  the kept one — so one tenant's answer never reaches another, and revocation works as
-  it does for every read (within that TTL);
-- the figures instant now is the kept one;
-- the visibility probe, run now in the event loop (:class:`web.replay.AsyncProbe`), sees the
-  contract for this scope with the kept log state — so an answer is never older than
-  the ledger state it claims, and a contract the caller may not see is never answered
-  from here (the handler answers 404).
+Who may be answered from it is decided by the API's one authentication path: the
+middleware runs :func:`web.deps.api_reader` -- the very dependency every read route
+runs, with its rule and its caches: a token or session remembered within
+``YOCO_WEB_SESSION_CACHE_SECONDS``, else asked of the database (the caller found is kept
+on the request, so a request that goes on to its handler is not looked up twice) -- and
+only a caller it lets in may get a kept answer; whoever it refuses goes to the
+application, which refuses them with the same error. Only then does
+:func:`replay_kept` look for the kept answer and check it as above. (The public key
+needs no caller.)
 
 An answer that sets a cookie is never kept (it belongs to one caller, not to a tenant).
-Anything else — another method, a path outside ``/api/v1``, an unknown caller, no kept
-answer, a different state, an error of the probe — goes to the application as before.
-What is replayed is byte for byte what the handler sent for an identical request in
-the identical state, so the behaviour of every route is unchanged; what is saved is
-the routing, the dependency solving, the hop to the thread pool and the pooled
-connection checkout of each repeated request, and concurrent requests for one contract
-share one probe round trip.
+What is replayed is byte for byte what the handler sent for an identical request in the
+identical state, so the behaviour of every route is unchanged; what is saved is the
+handler itself: the hop to the thread pool, the pooled connection checkout and the
+answer's making, and concurrent requests for one contract share one probe round trip.
+(Answered here, outside FastAPI, it costs under a third of the CPU of the same answer
+replayed after FastAPI's routing and dependency solving: docs/benchmarks-portal.md.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from web.accounts import Principal
@@ -54,7 +61,7 @@ CONTRACTS = LIST + "/"
 PUBLIC_PATHS = frozenset({"/api/v1/public-key"})
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     """The first value of header ``name`` (lower case), as Starlette reads it."""
     for k, v in scope["headers"]:
         if k == name:
@@ -62,13 +69,73 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
+async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
+                      who: Principal | None) -> Kept | None:
+    """The kept answer to this request of ``who`` (already let in by
+    :func:`web.deps.api_reader`; None: a public answer) if it is still exactly the
+    answer, else None (the handler answers). A failed probe is logged (once a minute)
+    and the handler answers."""
+    path: str = scope["path"]
+    if who is None:
+        if path not in PUBLIC_PATHS:
+            return None
+        who_scope = PUBLIC
+    else:
+        if path != LIST and not path.startswith(CONTRACTS):
+            return None
+        who_scope = scope_settings(who)
+    target = (scope.get("raw_path") or path.encode(), scope["query_string"])
+    kept = portal.replays.get((who_scope, *target, _header(scope, b"if-none-match")))
+    if kept is None:
+        return None
+    if kept.at is not None and kept.at != portal.figures_now():
+        return None
+    if kept.state is not None or who_scope is not PUBLIC:
+        contract_id = None if path == LIST else path[len(CONTRACTS):].split("/", 1)[0]
+        if contract_id == "":
+            return None
+        try:
+            state = await portal.probes.state(who_scope, contract_id)
+        except Exception:  # the probe's connection broke, or worse: the usual way
+            _warn_once(portal, path)
+            return None
+        if state is None or state != kept.state:
+            return None
+    portal.replays.hits += 1
+    return kept
+
+
+def _warn_once(portal: Portal, path: str) -> None:
+    now = time.monotonic()
+    if now - portal.replays.warned_at > 60:  # once a minute, not once per request
+        portal.replays.warned_at = now
+        log.warning("replay: answering %s the usual way", path, exc_info=True)
+
+
+async def _reader(scope: MutableMapping[str, Any], portal: Portal) -> Principal | None:
+    """The caller as :func:`web.deps.api_reader` lets it in, or None when it refuses
+    (the application then refuses the request the same way)."""
+    from starlette.requests import Request
+
+    from web.deps import api_reader
+    from web.errors import WebError
+
+    try:
+        return await api_reader(Request(scope), portal)
+    except WebError:
+        return None
+    except Exception:  # the database, say: the application answers (and reports) it
+        _warn_once(portal, str(scope["path"]))
+        return None
+
+
 class FastLane:
-    """Replays declared answers of ``/api/v1`` GETs (see the module's docstring)."""
+    """Keeps the declared answers of ``/api/v1`` GETs and replays them, after the API's
+    authentication (see the module's docstring)."""
 
     def __init__(self, app: Any, portal: Portal) -> None:
         self.app = app
         self.portal = portal
-        self._warned = -1e9
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (
@@ -82,15 +149,18 @@ class FastLane:
         portal = self.portal
         target = (scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
         inm = _header(scope, b"if-none-match")
-        try:
-            if await self._replayed(scope, target, inm, send):
-                return
-        except Exception:  # the probe's connection broke, or worse: the usual way
-            now = time.monotonic()
-            if now - self._warned > 60:  # once a minute, not once per request
-                self._warned = now
-                log.warning("fast lane: answering %s the usual way", scope["path"],
-                            exc_info=True)
+        path: str = scope["path"]
+        kept = None
+        if path in PUBLIC_PATHS:
+            kept = await replay_kept(scope, portal, None)
+        elif path == LIST or path.startswith(CONTRACTS):  # the read routes, ReaderDep's
+            who = await _reader(scope, portal)
+            kept = None if who is None else await replay_kept(scope, portal, who)
+        if kept is not None:
+            await send({"type": "http.response.start", "status": kept.status,
+                        "headers": kept.headers})
+            await send({"type": "http.response.body", "body": kept.body})
+            return
         holder = Declaration()
         scope[SCOPE_KEY] = holder
         start: dict[str, Any] = {}
@@ -121,47 +191,3 @@ class FastLane:
                 Kept(holder.state, holder.at, int(status),
                      list(start.get("headers", [])), b"".join(parts)),
             )
-
-    async def _replayed(
-        self, scope: Any, target: tuple[bytes, bytes], inm: str | None, send: Any
-    ) -> bool:
-        """Answer from a kept answer if it is still exactly the answer; False if not."""
-        from web.deps import SESSION_COOKIE, known_principal
-
-        portal = self.portal
-        path: str = scope["path"]
-        if path in PUBLIC_PATHS:
-            who_scope = PUBLIC
-        else:
-            if path != LIST and not path.startswith(CONTRACTS):
-                return False
-            cookie = None
-            auth = _header(scope, b"authorization")
-            if auth is None:
-                raw = _header(scope, b"cookie")
-                if raw:
-                    from starlette.requests import cookie_parser
-
-                    cookie = cookie_parser(raw).get(SESSION_COOKIE)
-            who = known_principal(portal, auth, cookie)
-            # the rule of web.deps.api_reader: someone known who may read
-            if not isinstance(who, Principal) or not who.can_read:
-                return False
-            who_scope = scope_settings(who)
-        kept = portal.replays.get((who_scope, *target, inm))
-        if kept is None:
-            return False
-        if kept.at is not None and kept.at != portal.figures_now():
-            return False
-        if kept.state is not None or who_scope is not PUBLIC:
-            contract_id = None if path == LIST else path[len(CONTRACTS):].split("/", 1)[0]
-            if contract_id == "":
-                return False
-            state = await portal.probes.state(who_scope, contract_id)
-            if state is None or state != kept.state:
-                return False
-        portal.replays.hits += 1
-        await send({"type": "http.response.start", "status": kept.status,
-                    "headers": kept.headers})
-        await send({"type": "http.response.body", "body": kept.body})
-        return True

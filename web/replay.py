@@ -96,6 +96,8 @@ class ReplayCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
+        #: When the replay last logged answering the usual way (monotonic seconds).
+        self.warned_at = -1e9
 
     def get(self, key: tuple[Any, ...]) -> Kept | None:
         """The answer kept under ``key``, or None."""

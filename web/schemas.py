@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from billing.sla import SlaFigures
+from billing.verdict import Standing
 from web.views import MonthFigures, Row
 
 
@@ -73,8 +74,8 @@ class FiguresOut(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    period_start: str
-    period_end: str
+    period_start: str = Field(json_schema_extra={"format": "date-time"})
+    period_end: str = Field(json_schema_extra={"format": "date-time"})
     covered_failures: int
     resolved_failures: int
     excluded_failures: int
@@ -93,6 +94,9 @@ class SlaOut(FiguresOut):
     year: int | None
     month: str | None
     credit: dict[str, Any] | None
+    computed_at: str = Field(json_schema_extra={"format": "date-time"},
+                             description="The instant the figures are of.")
+    standing: Standing = Field(description="The period against the guarantee.")
 
 
 class MonthOut(BaseModel):

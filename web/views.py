@@ -243,11 +243,11 @@ def _settle() -> None:
 
     A view holds a year's records — hundreds of thousands of objects that live until
     the view is replaced — and each full collection walked them all, finding nothing:
-    200 ms to 1 s with the interpreter lock held, several times a minute per worker
-    under load (``gc.callbacks``, measured), which every request in flight waited for;
-    after this, 1–5 ms.  Frozen objects are still freed by reference counting when a
-    view is dropped (its records hold no reference cycles); a cycle among frozen
-    objects would be kept.
+    with the interpreter lock held, several times a minute per worker under load
+    (``gc.callbacks``), which every request in flight waited for; after this, a
+    hundredth of that (docs/benchmarks-portal.md, "Figures behind the code").  Frozen
+    objects are still freed by reference counting when a view is dropped (its records
+    hold no reference cycles); a cycle among frozen objects would be kept.
     """
     import gc
 

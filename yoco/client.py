@@ -169,7 +169,8 @@ class SlaFigures:
     goodput: str
     computed_at: datetime
     credit: dict[str, Any] | None
-    data: dict[str, Any] = field(repr=False, compare=False)
+    #: (``whole_object``: no field of the API's object; tests/web/test_client_schema.py)
+    data: dict[str, Any] = field(repr=False, compare=False, metadata={"whole_object": True})
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SlaFigures:

@@ -170,7 +170,7 @@ def _job_events(cfg: StreamConfig, job: _Job, interval: float) -> list[Event]:
         else:
             recovery = round(rng.uniform(600, 3600), 3)
             lost, affected = rng.randrange(1, since_checkpoint + 1), gpus
-        # A job cannot lose steps it never made (the ledger refuses it, issue 27);
+        # A job cannot lose steps it never made (the ledger refuses it as implausible);
         # clamped after drawing, so the random stream is the same as before.
         lost = min(lost, step)
         out_t = t + timedelta(seconds=recovery)

@@ -46,8 +46,9 @@ def serve_workers(workers: int, options: dict[str, Any]) -> None:
     (``SO_REUSEPORT``), so the kernel spreads new connections evenly over them.
 
     uvicorn's own ``--workers`` shares one listening socket: the worker that wakes first
-    accepts a burst of connections (42 of 50 keep-alive clients in one worker, 8 in the
-    other, measured), and with keep-alive that split lasts as long as the connections.
+    accepts a burst of connections (most keep-alive clients in one worker:
+    docs/benchmarks-portal.md, "Figures behind the code"), and with keep-alive that split
+    lasts as long as the connections.
     Here the supervisor (uvicorn's, which restarts a worker that dies and stops them
     gracefully) holds a socket bound with ``SO_REUSEPORT`` but never listening, which
     only reserves the address; each worker binds its own socket to it and listens.

@@ -3,7 +3,7 @@
 ``yoco_app`` keeps ``UPDATE (size)`` on ``ledger_logs``: every append advances it, under
 the log's row lock (``ledger.journal.append_encoded``). But any value it wrote was
 trusted by the proofs: a size past the journal made checkpoint signing look for Merkle
-nodes that do not exist and stopped every later log's checkpoint (issue 27, item 4).
+nodes that do not exist and stopped every later log's checkpoint.
 Now a deferred constraint trigger checks, when the transaction commits, that every log
 whose row was inserted or whose size was updated has exactly the size its journal
 gives (the next ``seq``: ``max(seq) + 1``, 0 when empty). Any other value — from

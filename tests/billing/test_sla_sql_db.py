@@ -59,7 +59,7 @@ def _random_ledger(engine, rng: random.Random) -> None:
             )
     spans = []
     for j in range(3):
-        # 16 GPUs: an outcome affects at most its job's GPUs (issue 27), up to 16 here.
+        # 16 GPUs: an outcome affects at most its job's GPUs, up to 16 here.
         spans.append(f.job_started(job=f"j{j}", gpus=16, at=START - timedelta(days=30)))
     # Jobs that start and finish at odd instants, some inside, some across the periods.
     for j in range(3, 9):

@@ -1,4 +1,4 @@
-"""Squatted and probed event ids (issue 10, items 1 and 2), on a real PostgreSQL.
+"""Squatted and probed event ids, on a real PostgreSQL.
 
 Before: ingest took any UUID, and billing's and contracts' entries have deterministic
 UUIDv5 ids, so tenant A could store a record under tenant B's *future* year-close id:

@@ -1,4 +1,4 @@
-"""Ctrl-C during `yoco ledger ingest`: nothing written, said so, exit status 130 (issue 25).
+"""Ctrl-C during `yoco ledger ingest`: nothing written, said so, exit status 130.
 
 A real ``yoco`` process and a real SIGINT, sent once the ingest's transaction holds the
 logs' locks (it has a transaction id: the append has begun); the journal is then

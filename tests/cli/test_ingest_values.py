@@ -1,4 +1,4 @@
-"""Never a traceback for a value that passed validation (issue 10, item 7).
+"""Never a traceback for a value that passed validation.
 
 Before: NUL in a field, an offset of ±16:00…±23:59, a timestamp in year 9999, gpu or
 gpus ≥ 2**31 passed validation and then broke in PostgreSQL: `yoco ledger ingest`

@@ -1,4 +1,4 @@
-"""Implausible outcomes are refused (issue 27, item 5): an outcome's gpus_affected is at
+"""Implausible outcomes are refused: an outcome's gpus_affected is at
 most its job's GPUs, its lost_steps at most the step the job had reached. Through
 `yoco ledger ingest` (here) and the API (tests/web/test_plausibility.py); real
 PostgreSQL."""

@@ -1,4 +1,4 @@
-"""The order of lines in a batch does not matter (issue 10, item 5), on a real PostgreSQL.
+"""The order of lines in a batch does not matter, on a real PostgreSQL.
 
 Before: an outcome whose failure stood later in the same file, or a job_finished whose
 job_started did, was refused (a 1,294-record file exported unordered: 306 errors).

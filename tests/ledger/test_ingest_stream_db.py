@@ -166,7 +166,7 @@ def test_the_stream_stores_what_one_batch_at_a_time_stores(engine, peer_engine) 
 def test_a_file_through_the_spool_and_workers_stores_what_one_batch_stores(
     engine, peer_engine, tmp_path, monkeypatch
 ) -> None:
-    """`yoco ledger ingest`'s path (issue 25): rows spooled by the validation, lines
+    """`yoco ledger ingest`'s path: rows spooled by the validation, lines
     validated by two worker processes, appended in small chunks: the same ledger as the
     same records posted as one batch."""
     import ledger.stream

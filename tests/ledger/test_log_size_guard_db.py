@@ -1,5 +1,5 @@
 """A log's size only ever follows its journal; one bad log never stops another's
-checkpoint (issue 27, item 4). Real PostgreSQL, the real roles, the real command line."""
+checkpoint. Real PostgreSQL, the real roles, the real command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The idempotency probe never turns into a scan of the journal (issue 25).
+"""The idempotency probe never turns into a scan of the journal.
 
 `yoco ledger ingest` looks up every event id of a file in the journal before it appends.
 Written as ``event_id = ANY(%s::text::uuid[])``, that lookup's plan followed the

@@ -1,4 +1,4 @@
-"""Streaming ingest of a file (issue 11): a compact index, then chunks, one transaction."""
+"""Streaming ingest of a file: a compact index, then chunks, one transaction."""
 
 from __future__ import annotations
 

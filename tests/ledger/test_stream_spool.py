@@ -1,4 +1,4 @@
-"""The spool and the parallel validation of `yoco ledger ingest` (issue 25).
+"""The spool and the parallel validation of `yoco ledger ingest`.
 
 The first pass writes each record's journal row (and the bodies the projectors read) to
 a spool, so the second pass does not parse and validate every line again; a large file

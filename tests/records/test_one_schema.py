@@ -1,4 +1,4 @@
-"""One schema for records: the runtime's validator and the ledger's agree (issue 10, item 6).
+"""One schema for records: the runtime's validator and the ledger's agree.
 
 Before ``yoco_records`` the runtime kept its own rules and accepted records the ledger
 refuses (a space instead of ``T``, 7 fraction digits, a basic-format timestamp, an

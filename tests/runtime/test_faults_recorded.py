@@ -1,4 +1,4 @@
-"""Faults recorded truthfully (issue 12): real worker processes on gloo/CPU, real signals,
+"""Faults recorded truthfully: real worker processes on gloo/CPU, real signals,
 a sink that refuses or is down. Each incident: exactly one failure, one outcome, the true
 lost steps."""
 

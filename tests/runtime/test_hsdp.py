@@ -1,4 +1,4 @@
-"""HSDP under the runtime (issue 14): the GPT example sharded with FSDP2 (``fully_shard``)
+"""HSDP under the runtime: the GPT example sharded with FSDP2 (``fully_shard``)
 inside replica groups of two, two replica groups (2 x 2) plus a spare, real processes on
 gloo/CPU, real SIGKILLs. A lost rank's shard is rebuilt from the rank holding the same
 shard in the other replica group, a lost replica group from the other one, a shard lost

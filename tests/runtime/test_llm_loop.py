@@ -1,4 +1,4 @@
-"""The training loop LLM trainers write (issue 14), under the runtime with real processes:
+"""The training loop LLM trainers write, under the runtime with real processes:
 a GPT with AdamW, warm-up + cosine, gradient accumulation, bf16 autocast and clipping of
 the averaged gradient. A SIGKILL in each phase of a step ends bit-identical to a
 failure-free run, with exactly one failure and one outcome carrying the true lost steps."""

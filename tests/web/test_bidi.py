@@ -1,4 +1,4 @@
-"""Stored strings shown in pages are bidi isolates (issue 27, item 7): a U+202E (or any
+"""Stored strings shown in pages are bidi isolates: a U+202E (or any
 bidi control, or right-to-left text) in an id, a node, a detail or a dispute's reason
 cannot reorder the page around it. Real PostgreSQL, the real app."""
 

@@ -1,5 +1,5 @@
 """Every download names its file per RFC 6266 (``filename*``, UTF-8): a contract id
-outside Latin-1 no longer gives a 500 (issue 27, item 6). Real PostgreSQL, the real app."""
+outside Latin-1 no longer gives a 500. Real PostgreSQL, the real app."""
 
 from __future__ import annotations
 

@@ -241,6 +241,23 @@ def test_a_new_figures_instant_goes_to_the_handler(api, lane_app, seeded, clock)
     assert portal.replays.hits == before + 1 and _same(r, again)
 
 
+def test_the_replay_comes_after_the_normal_authentication(api, lane_app, seeded) -> None:
+    # One authentication path: a token this process does not remember is asked of the
+    # database the usual way, and then gets the kept answer.
+    from web.deps import _token_key
+
+    portal = lane_app.state.portal
+    token = _read_token(seeded, "Acme AI")
+    url = "/api/v1/contracts/C-A/sla?year=1"
+    first = api.get(url, headers=_bearer(token))
+    assert first.status_code == 200
+    portal.tokens.drop(_token_key(token))  # forgotten: only the database knows it now
+    before = portal.replays.hits
+    again = api.get(url, headers=_bearer(token))
+    assert portal.replays.hits == before + 1 and _same(first, again)
+    assert portal.tokens.entry(_token_key(token)) is not None  # looked up, remembered
+
+
 def test_no_fast_lane_outside_the_servers_event_loop(lane_app, seeded) -> None:
     # Without the lifespan (a client used without `with`), requests run in throwaway
     # loops: no probe connection is made there, every answer is the handler's.

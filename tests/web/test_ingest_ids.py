@@ -1,4 +1,4 @@
-"""The ingest API learns nothing about other tenants' logs (issue 10, items 1 and 2)."""
+"""The ingest API learns nothing about other tenants' logs."""
 
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def _contracts_in(samples: dict[Any, float]) -> set[str]:
 def test_a_customer_metrics_token_scrapes_only_its_customers_contracts(
     scraper: tuple[Any, TestClient, str],
 ) -> None:
-    """Issue 27: `yoco tokens create --customer "Acme AI" --scope metrics` used to scrape
+    """A customer's metrics token: `yoco tokens create --customer "Acme AI" --scope metrics` used to scrape
     every tenant's contracts. A scope never widens the tenant: the customer's token sees
     its own contracts (with the very figures the operator's scrape shows for them), one
     bound to contracts sees those, the unbound token every contract."""

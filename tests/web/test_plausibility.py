@@ -1,4 +1,4 @@
-"""POST /api/v1/records refuses implausible outcomes by index and field (issue 27, item 5)."""
+"""POST /api/v1/records refuses implausible outcomes by index and field."""
 
 from __future__ import annotations
 
