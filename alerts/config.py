@@ -256,6 +256,10 @@ class AlertsConfig:
     #: A log with entries not under a signed checkpoint older than this raises an alert.
     checkpoint_max_age: timedelta = timedelta(hours=1)
     retry: RetryPolicy | None = None
+    #: Raise a ``report_issued`` event for every issued report (``report`` entry), so the
+    #: contract's subscribers (destinations naming the kind) get it by e-mail
+    #: (``YOCO_ALERTS_REPORT_EMAILS``; off by default).
+    report_emails: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_max_age <= timedelta(0):

@@ -20,6 +20,10 @@ What it raises (docs/alerts.md):
 * ``checkpoint_stale`` — a ledger log with entries not under any signed checkpoint,
   whose newest checkpoint (or, with none, the log itself) is older than the configured
   age; keyed by the checkpoint's tree size, so each stale head is alerted once.
+* ``report_issued`` — with ``report_emails`` on (``YOCO_ALERTS_REPORT_EMAILS``): every
+  issued report (a ``report`` entry: a monthly report or a year-end statement), keyed by
+  the entry's event id; opt-in, so only the contract's subscribers (destinations that
+  name the kind) get it, by e-mail with the issued PDF and HTML attached.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from alerts.config import AlertsConfig
@@ -103,6 +107,8 @@ def detect_run(
     events += _missed(session)
     events += _credits(session)
     events += _stale_checkpoints(session, now, config)
+    if config.report_emails:
+        events += _reports_issued(session)
     raised = [e.key for e in events if raise_event(session, e) is not None]
     return DetectRun(ran=True, now=now, raised=raised)
 
@@ -231,6 +237,51 @@ def _credits(session: Session) -> list[NewEvent]:
                 "amount_minor": c.amount_minor,
                 "currency": c.currency,
                 "issued_at": c.issued_at.astimezone(UTC).isoformat(),
+            },
+        ))
+    return out
+
+
+#: ``report`` entries not raised yet as ``report_issued`` (the events' unique key index
+#: makes the anti-join cheap however many reports were issued before).
+_UNRAISED_REPORTS = text(
+    "SELECT e.log_id, e.seq, e.event_id, e.occurred_at, e.body FROM journal_entries AS e "
+    "WHERE e.kind = 'report' AND NOT EXISTS (SELECT 1 FROM alert_events AS a "
+    "  WHERE a.key = 'report_issued:' || e.event_id::text) "
+    "ORDER BY e.occurred_at, e.log_id, e.seq"
+)
+#: What each kind of issued document is called in an e-mail's subject.
+_DOCUMENT_WORDS = {"monthly-sla": "monthly SLA report", "year-statement": "year-end statement"}
+
+
+def _reports_issued(session: Session) -> list[NewEvent]:
+    out = []
+    for log_id, seq, event_id, occurred_at, body in session.execute(_UNRAISED_REPORTS):
+        document = str(body.get("report", ""))
+        if "month" in body:
+            period = str(body["month"])
+        elif "year" in body:
+            period = f"year-{body['year']}"
+        else:  # a report entry of a shape this version does not issue: nothing to send
+            continue
+        size = body.get("checkpoint_tree_size")
+        words = _DOCUMENT_WORDS.get(document, document)
+        out.append(NewEvent(
+            kind="report_issued",
+            key=f"report_issued:{event_id}",
+            occurred_at=occurred_at,
+            contract_id=log_id,
+            year=int(body["year"]) if "year" in body else None,
+            subject=f"{log_id}: {words} {period} issued over checkpoint {size}",
+            data={
+                "contract_id": log_id,
+                "document": document,
+                "period": period,
+                "checkpoint_tree_size": size,
+                "ledger_seq": seq,
+                "report_event_id": str(event_id),
+                "html_sha256": body.get("html_sha256"),
+                "pdf_sha256": body.get("pdf_sha256"),
             },
         ))
     return out

@@ -40,12 +40,15 @@ EVENT_KINDS = (
     "witness_down",
     "witness_refused",
     "checkpoint_cosigned",
+    "report_issued",
     "test",
 )
 #: Kinds sent only to destinations that name them (``--events``): a destination of every
 #: kind does not get them (a cosigned head of every log every few minutes is for a
-#: customer who wants to hold the heads, not for the on-call operator).
-OPT_IN_KINDS = ("checkpoint_cosigned",)
+#: customer who wants to hold the heads, not for the on-call operator); an issued
+#: report goes to the contract's subscribers who asked for it (e-mail: PDF and HTML
+#: attached, migration 0024).
+OPT_IN_KINDS = ("checkpoint_cosigned", "report_issued")
 DESTINATION_KINDS = ("webhook", "email")
 DELIVERY_STATES = ("pending", "delivered", "failed")
 #: Where a replay was asked for: ``yoco alerts replay`` or the portal's operator page.

@@ -30,7 +30,7 @@ import smtplib
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -50,8 +50,11 @@ __all__ = [
     "SIGNATURE_HEADER",
     "AttemptResult",
     "Delivered",
+    "DocumentFiles",
+    "File",
     "dead_letter",
     "deliver_next",
+    "email_message",
     "event_body",
     "send_email",
     "send_webhook",
@@ -64,6 +67,10 @@ USER_AGENT = "yoco-alerts/1"
 
 Clock = Callable[[], datetime]
 Sleep = Callable[[float], None]
+#: A file an e-mail attaches: ``(file name, MIME type, bytes)``.
+File = tuple[str, str, bytes]
+#: An issued document's files, by ``(session, contract_id, period, document)``.
+DocumentFiles = Callable[[Session, str, str, str], Sequence[File]]
 
 
 def _utc_now() -> datetime:
@@ -191,8 +198,10 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
 
 
 def email_message(dest: AlertDestination, event: AlertEvent, body: bytes,
-                  now: datetime) -> EmailMessage:
-    """The e-mail of ``event`` for ``dest``: a plain-text summary and the webhook's JSON."""
+                  now: datetime, files: Sequence[File] = ()) -> EmailMessage:
+    """The e-mail of ``event`` for ``dest``: a plain-text summary and the webhook's JSON,
+    and ``files`` attached as they are (an issued report's PDF and HTML: their bytes are
+    the ones whose SHA-256 the ledger records)."""
     key = idempotency_key(event.key)
     msg = EmailMessage()
     msg["Subject"] = one_line(f"[yoco] {event.subject}")[:250]
@@ -211,6 +220,9 @@ def email_message(dest: AlertDestination, event: AlertEvent, body: bytes,
         + f"\noccurred: {event.occurred_at.astimezone(UTC).isoformat()}\n"
         f"idempotency key: {key}\n\n{details}\n"
     )
+    for name, mime, data in files:
+        maintype, _, subtype = mime.partition("/")
+        msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
     return msg
 
 
@@ -229,8 +241,10 @@ class _PinnedSMTP(smtplib.SMTP):
 
 
 def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: datetime,
-               timeout_s: float, env: Mapping[str, str]) -> AttemptResult:
-    """One SMTP submission of ``event``'s e-mail (STARTTLS and login when configured)."""
+               timeout_s: float, env: Mapping[str, str],
+               files: Sequence[File] = ()) -> AttemptResult:
+    """One SMTP submission of ``event``'s e-mail (STARTTLS and login when configured),
+    with ``files`` attached."""
     if dest.smtp_host is None or dest.smtp_port is None:
         return AttemptResult(ok=False, error=f"destination {dest.name}: an e-mail "
                              "destination without its SMTP host or port")
@@ -247,7 +261,7 @@ def send_email(dest: AlertDestination, event: AlertEvent, *, body: bytes, now: d
                 f"the SMTP password's environment variable {dest.smtp_password_env!r} is not "
                 "set in the process that sends alerts"))
     try:
-        msg = email_message(dest, event, body, now)
+        msg = email_message(dest, event, body, now, files)
     except (ValueError, TypeError) as exc:  # a header value email refuses: never sendable
         return AttemptResult(ok=False, error=_short(f"the message cannot be built: {exc}"))
     try:
@@ -301,9 +315,15 @@ def deliver_next(
     jitter: Callable[[], float] = random.random,
     env: Mapping[str, str] | None = None,
     client: httpx.Client | None = None,
+    files: DocumentFiles | None = None,
 ) -> Delivered | None:
     """Claim the oldest pending delivery (or ``delivery_id``) and try it until delivered,
     failed for good, or out of attempts; log every attempt. None when nothing is pending.
+
+    ``files`` gives an issued document's files (``reports.issued.document_files``, passed
+    by the composition root: alerts do not import reports): a ``report_issued`` e-mail
+    attaches them; without it, such a delivery is dead-lettered (an e-mail never goes
+    out without the report it announces).
 
     The row is claimed with ``FOR UPDATE SKIP LOCKED``, so senders running at once never
     send the same delivery together; a sender that dies mid-way leaves it pending for the
@@ -333,7 +353,7 @@ def deliver_next(
     savepoint = session.begin_nested()
     try:
         done = _attempt_all(session, delivery, policy=policy, replay=replay, clock=clock,
-                            sleep=sleep, jitter=jitter, env=env, client=client)
+                            sleep=sleep, jitter=jitter, env=env, client=client, files=files)
         savepoint.commit()
         return done
     except Exception as exc:  # the isolation boundary of one delivery
@@ -370,13 +390,20 @@ def dead_letter(session: Session, delivery_id: int, *, reason: str,
 
 def _attempt_all(session: Session, delivery: AlertDelivery, *, policy: RetryPolicy,
                  replay: bool, clock: Clock, sleep: Sleep, jitter: Callable[[], float],
-                 env: Mapping[str, str], client: httpx.Client | None) -> Delivered:
+                 env: Mapping[str, str], client: httpx.Client | None,
+                 files: DocumentFiles | None = None) -> Delivered:
     """Try ``delivery`` until delivered, failed for good or out of attempts."""
     event = session.get(AlertEvent, delivery.event_id)
     dest = session.get(AlertDestination, delivery.destination_id)
     if event is None or dest is None:
         raise DeliveryBroken(f"delivery {delivery.id}: its event or destination is missing")
     body = event_body(event)
+    attached: Sequence[File] = ()
+    if event.kind == "report_issued" and dest.kind == "email":
+        if files is None:
+            raise DeliveryBroken("this sender cannot read issued reports to attach")
+        d = event.data
+        attached = files(session, str(d["contract_id"]), str(d["period"]), str(d["document"]))
     made = 0
     result = AttemptResult(ok=False, error="destination disabled")
     while made < policy.max_attempts and dest.enabled:
@@ -388,7 +415,7 @@ def _attempt_all(session: Session, delivery: AlertDelivery, *, policy: RetryPoli
                                   body=body, now=now, timeout_s=policy.timeout_s, client=client)
         else:
             result = send_email(dest, event, body=body, now=now, timeout_s=policy.timeout_s,
-                                env=env)
+                                env=env, files=attached)
         wait = None
         if not result.ok and result.retryable and made < policy.max_attempts:
             wait = policy.backoff(made, jitter())

@@ -63,12 +63,15 @@ def contract_records(cid: str, seed: int, per_month: tuple[int, int]) -> list[di
             o = rng.random()
             if o < 0.98:
                 outcome = "live_migrated" if o < 0.9 else "rolled_back" if o < 0.96 else "failed"
+                lost = rng.randint(1, 300) if outcome == "rolled_back" else 0
+                recovery = f"{rng.uniform(0.5, 600):.3f}"
+                affected = rng.choice([8, 16, 64])
+                # reported 30 s after the recovery ended: the ledger refuses an outcome
+                # reported before its recovery is over (docs/definitions.md)
                 recs.append(_rec(
-                    "outcome", cid, at + timedelta(seconds=30), rng,
-                    failure_event_id=fail["event_id"], outcome=outcome,
-                    lost_steps=rng.randint(1, 300) if outcome == "rolled_back" else 0,
-                    recovery_seconds=f"{rng.uniform(0.5, 600):.3f}", step_seconds="2.5",
-                    gpus_affected=rng.choice([8, 16, 64])))
+                    "outcome", cid, at + timedelta(seconds=30 + float(recovery)), rng,
+                    failure_event_id=fail["event_id"], outcome=outcome, lost_steps=lost,
+                    recovery_seconds=recovery, step_seconds="2.5", gpus_affected=affected))
             if rng.random() < 0.03:
                 recs.append(_rec("exclusion", cid, at + timedelta(hours=2), rng,
                                  failure_event_id=fail["event_id"],

@@ -41,6 +41,7 @@ from ledger import journal
 from ledger.canonical import canonical_bytes
 from ledger.contracts import get_contract
 from ledger.models import Contract, JournalEntry
+from yoco_records.textsafe import isolate
 
 __all__ = [
     "COLUMNS",
@@ -109,13 +110,18 @@ FORMULA_TRIGGERS = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
 
 
 def spreadsheet_text(value: str) -> str:
-    """``value`` as a spreadsheet must show it, never run it: prefixed with a single quote
-    when it starts with a formula trigger (:data:`FORMULA_TRIGGERS`), as OWASP's
-    CSV-injection guidance says; unchanged otherwise. The one neutraliser of the CSV and
-    the XLSX export (the JSON carries the exact text)."""
+    """``value`` as a spreadsheet must show it, never run it nor let it reorder its row:
+    prefixed with a single quote when it starts with a formula trigger
+    (:data:`FORMULA_TRIGGERS`), as OWASP's CSV-injection guidance says, and a bidi
+    isolate when it holds right-to-left text or a bidi control
+    (``yoco_records.textsafe.isolate``: a U+202E in a customer name cannot reverse the
+    rest of the row where the CSV is read as text); unchanged otherwise.  The quote
+    stays the cell's first character.  The one neutraliser of the CSV and the XLSX
+    export (the JSON carries the exact text)."""
+    text = isolate(value)
     if value and value[0] in FORMULA_TRIGGERS:
-        return "'" + value
-    return value
+        return "'" + text
+    return text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

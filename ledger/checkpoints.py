@@ -105,13 +105,16 @@ def sign_log(session: Session, signer: note.Signer, log_id: str, origin_prefix: 
         proof = tree.consistency_proof(session, log_id, last.tree_size, size)
         merkle.verify_consistency(last.tree_size, size, proof, bytes(last.root_hash), new_root)
     origin = origin_of(origin_prefix, log_id)
-    text = note.sign_checkpoint(signer, origin, size, new_root)
+    # The key name is the log's origin (C2SP tlog-checkpoint SHOULD): the operator's one
+    # key, under each log's own name; the row keeps the key text that verifies the note.
+    log_signer = signer.named(origin)
+    text = note.sign_checkpoint(log_signer, origin, size, new_root)
     row = Checkpoint(
         log_id=log_id,
         tree_size=size,
         root_hash=new_root,
         origin=origin,
-        key_id=signer.verifier_text(),
+        key_id=log_signer.verifier_text(),
         note=text,
     )
     session.add(row)

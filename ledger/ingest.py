@@ -519,6 +519,7 @@ def _ingest_indexed(
         problems = projections.project(session, projected, extra_projectors)
         if not problems:  # the rules that need the job (plausibility): ingest only, not replay
             problems = plausibility.check_outcomes(session, projected)
+            problems += plausibility.check_job_ends(session, projected)
         if problems:
             at = [j for j, _, _ in loaded.projected]
             where = {e.event_id: part[j] for e, j in zip(projected, at, strict=True)}

@@ -454,9 +454,8 @@ def _fetch_head(
     if not cosign.cosignatures(signed, [witness.key]):
         raise OSError(f"witness {witness.name}: its checkpoint of {origin} carries no valid "
                       "cosignature by its key")
-    text = note.open_note(signed, verifier) if verifier is not None else note.unverified_text(
-        signed)
-    cp = note.parse_checkpoint(text)
+    cp = (note.open_checkpoint(signed, verifier) if verifier is not None
+          else note.parse_checkpoint(note.unverified_text(signed)))
     if cp.origin != origin:
         raise OSError(f"witness {witness.name}: asked for {origin}, answered {cp.origin}")
     return cp

@@ -16,7 +16,9 @@ Public API (none of them commits):
 * :func:`issued_document` / :func:`list_issued` — read what was issued
   (:mod:`reports.documents`, re-exported);
 * :func:`due_months` / :func:`issue_due` — what the scheduler issues after a month ends;
-* :func:`render_draft` — a draft of a month over a checkpoint (default: the latest).
+* :func:`render_draft` — a draft of a month over a checkpoint (default: the latest);
+* :func:`document_files` — an issued document's PDF and HTML as stored, named as the
+  portal names them (what an e-mail of it attaches, ``alerts.send``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from reports import monthly as rm
 from reports.documents import IssuedReport, issued_document, list_issued
 from reports.errors import ReportError
 from reports.models import MONTHLY, STATEMENT
-from reports.statement import issue_year_statement, statement_period
+from reports.statement import issue_year_statement, statement_period, statement_stem
 
 #: Issue a rendered report (:func:`reports.monthly.store_issued`).
 issue_rendered = rm.store_issued
@@ -54,6 +56,7 @@ __all__ = [
     "DueIssueRun",
     "DueResult",
     "IssuedReport",
+    "document_files",
     "due_months",
     "due_statements",
     "issue_due",
@@ -294,3 +297,22 @@ def _sign_if_grown(session: Session, signer: Signer, contract_id: str, prefix: s
     if size > 0 and (cp is None or cp.tree_size < size):
         sign_log(session, signer, contract_id, prefix)
 
+
+
+def document_files(
+    session: Session, contract_id: str, period: str, document: str
+) -> list[tuple[str, str, bytes]]:
+    """The issued ``document`` of ``contract_id`` for ``period`` as files to attach:
+    ``(file name, MIME type, bytes)`` of its PDF and HTML, the exact stored bytes (their
+    SHA-256 digests are the ``report`` entry's).  :class:`ReportError` when nothing was
+    issued for it (an e-mail never goes out without the document it announces)."""
+    found = issued_document(session, contract_id, period, document)
+    if found is None:
+        raise ReportError(f"no {document} of {contract_id!r} for {period} was issued")
+    if document == STATEMENT:
+        stem = statement_stem(contract_id, int(period.removeprefix("year-")))
+    else:
+        year, month = (int(x) for x in period.split("-"))
+        stem = rm.file_stem(contract_id, year, month)
+    return [(f"{stem}.pdf", "application/pdf", found.pdf),
+            (f"{stem}.html", "text/html", found.html_bytes)]

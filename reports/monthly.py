@@ -29,7 +29,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -69,7 +69,7 @@ from reports.errors import (
     UnknownCheckpoint,
 )
 from reports.models import MONTHLY
-from reports.render import html_to_pdf, render_template
+from reports.render import html_to_pdf, isolated, render_template
 
 __all__ = [
     "REPORT_KIND",
@@ -321,6 +321,11 @@ _STATUS_TEXT = {
 }
 
 
+def _note(text: str, *values: str) -> Markup:
+    """``text`` with each ``{}`` filled by one value, escaped and bidi-isolated on its own."""
+    return escape(text).format(*(isolated(v) for v in values))
+
+
 def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]:
     f = row.failure
     d = recs.details.get(f.event_id)
@@ -328,23 +333,33 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
     where = [d.node or "—", f"GPU {d.gpu}" if d.gpu is not None else "GPU —"] if d else ["—"]
     if d is not None and not d.node and d.gpu is None:
         where = ["—"]
-    notes = []
+    # Each note is markup built here: the stored text in it (a reason, an approver, a
+    # class) is isolated on its own, so a U+202E in a reason cannot reverse the words
+    # this report writes after it.
+    notes: list[Markup] = []
     if row.status is sla.FailureStatus.EXCLUDED:
         if row.excluded_by == "exclusion":
             who = recs.approved_by.get(f.event_id)
-            notes.append(f"excluded: {row.reason}" + (f" (approved by {who})" if who else ""))
+            notes.append(
+                _note("excluded: {} (approved by {})", str(row.reason), who)
+                if who
+                else _note("excluded: {}", str(row.reason))
+            )
         else:
-            notes.append(f"excluded cause: {row.reason}")
+            notes.append(_note("excluded cause: {}", str(row.reason)))
     elif row.status is sla.FailureStatus.NOT_COVERED:
-        notes.append(f"class {f.failure_class} is not covered")
+        notes.append(_note("class {} is not covered", f.failure_class))
     if row.status in (sla.FailureStatus.EXCLUDED, sla.FailureStatus.NOT_COVERED):
-        notes.append("outcome: " + (_STATUS_TEXT.get(o.outcome, o.outcome) if o else "pending"))
+        shown = _STATUS_TEXT.get(o.outcome, o.outcome) if o else "pending"
+        notes.append(_note("outcome: {}", shown))
     fix = recs.reclassified.get(f.event_id)
     if fix is not None:
-        notes.append(f"reclassified after a dispute (recorded as {fix[0]} / {fix[1]}): {fix[2]}")
+        notes.append(
+            _note("reclassified after a dispute (recorded as {} / {}): {}", fix[0], fix[1], fix[2])
+        )
     n = recs.outcome_counts.get(f.event_id, 0)
     if n > 1:
-        notes.append(f"corrected: latest of {n} outcomes counts")
+        notes.append(_note("corrected: latest of {} outcomes counts", str(n)))
     return {
         "n": i,
         "time": _utc_short(f.occurred_at),
@@ -605,7 +620,6 @@ def prepare_monthly_report(
     key_line = cp.key_id
     note_lines = cp.note.split("\n\n", 1)
     context = {
-        "title": f"Monthly SLA report — {contract.customer} — {MONTH_NAMES[month - 1]} {year}",
         "created_w3c": as_of.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "customer": contract.customer,
         "contract_id": contract_id,
@@ -639,7 +653,9 @@ def prepare_monthly_report(
             "credit_percent": format(terms.credit_percent, "f"),
             "covered_classes": ", ".join(c for c in sla.CLASS_ORDER if c in terms.covered_classes)
             or "none",
-            "excluded_causes": ", ".join(sorted(terms.excluded_causes)) or "none",
+            # causes are terms' text: each one isolated, the list's commas outside
+            "excluded_causes": Markup(", ").join(isolated(c) for c in sorted(terms.excluded_causes))
+            or "none",
         },
         "m": m_col,
         "y": y_col,
@@ -669,6 +685,10 @@ def prepare_monthly_report(
             "root_hex": bytes(cp.root_hash).hex(),
             "origin": cp.origin,
             "note": cp.note,
+            # The signed note exactly as signed (escaped, never isolated: a copy of it must
+            # verify).  In the <pre> each line is its own bidi paragraph, so a control in the
+            # origin line cannot reach past it.
+            "note_exact": Markup(escape(cp.note)),  # noqa: S704 - escaped
             "note_text": note_lines[0],
             "signed_at": _utc(as_of),
             "verifier_key": key_line,

@@ -24,10 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 
 from ledger.errors import InvariantBroken
+from yoco_records.textsafe import isolate
 
-__all__ = ["STATIC", "TEMPLATES", "environment", "html_to_pdf", "render_template"]
+__all__ = [
+    "STATIC",
+    "TEMPLATES",
+    "environment",
+    "html_to_pdf",
+    "isolated",
+    "isolated_text",
+    "render_template",
+    "shown",
+]
 
 PACKAGE = Path(__file__).resolve().parent
 TEMPLATES = PACKAGE / "templates"
@@ -45,9 +56,42 @@ _FIGURES_RE = re.compile(
 _CREATED_RE = re.compile(r'<meta name="dcterms.created" content="([^"]+)">')
 
 
+def isolated(value: str) -> Markup:
+    """Stored text as report markup: escaped and, when it holds right-to-left text or a
+    bidi control, a bidi isolate twice over, as ``<bdi>`` around the FSI … PDI of
+    ``yoco_records.textsafe.isolate``.  Browsers honour either; WeasyPrint lays each
+    line of a wrapped paragraph out anew, so FSI … PDI alone lose their opening half
+    when a line breaks inside them and an override in the text then reverses the rest
+    of the line after it, while the ``<bdi>`` box still bounds it.  Plain text comes
+    back escaped and otherwise unchanged."""
+    text = isolate(value)
+    if text == value:
+        return escape(value)
+    return Markup("<bdi>{}</bdi>").format(text)
+
+
+def isolated_text(value: str) -> Markup:
+    """Stored text for a place where no element may stand (the ``<title>``, an
+    attribute): escaped, and ``yoco_records.textsafe.isolate``-d (characters only)."""
+    return escape(isolate(value))
+
+
+def shown(value: object) -> object:
+    """The ``finalize`` of the report templates: a plain string (a customer name, a
+    contract id, a job, a cause, a reason) becomes :func:`isolated` markup; numbers,
+    ``None`` and markup built by the caller come back unchanged.  A stored string for
+    the ``<title>`` or an attribute goes through the ``isolated_text`` filter first."""
+    if type(value) is str:
+        return isolated(value)
+    return value
+
+
 @cache
 def environment() -> jinja2.Environment:
-    """The Jinja2 environment of the report templates (autoescaped, strict undefined)."""
+    """The Jinja2 environment of the report templates (autoescaped, strict undefined),
+    every plain string shown a bidi isolate (:func:`shown`: a customer name, a contract
+    id, a job, a cause or a reason holding U+202E cannot reorder the report around it,
+    in the HTML or in the PDF)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=True,
@@ -55,7 +99,9 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=shown,
     )
+    env.filters["isolated_text"] = isolated_text
     return env
 
 

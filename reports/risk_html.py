@@ -12,6 +12,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from yoco_records.textsafe import isolate
+
 __all__ = ["forecast_page", "histogram_svg", "price_page", "probability_bar"]
 
 _STYLE = """
@@ -166,14 +168,14 @@ def price_page(result: dict[str, Any]) -> str:
 def forecast_page(forecasts: list[dict[str, Any]], *, title: str = "Open contract years") -> str:
     """Open-year forecasts as an HTML page: a bar per year of P(ending below the threshold)."""
     rows = [
-        (f"{f['contract_id']} year {f['year']}", f["p_miss"], f"{f['p_miss']:.1%}")
+        (f"{isolate(f['contract_id'])} year {f['year']}", f["p_miss"], f"{f['p_miss']:.1%}")
         for f in forecasts
     ]
     table = (
         "<table><tr><th>contract</th><th>year</th><th>resolved / covered so far</th>"
         "<th>P(miss)</th><th>expected credit</th></tr>"
         + "".join(
-            f"<tr><td>{escape(f['contract_id'])}</td><td class=n>{f['year']}</td>"
+            f"<tr><td>{escape(isolate(f['contract_id']))}</td><td class=n>{f['year']}</td>"
             f"<td class=n>{f['resolved_so_far']} / {f['covered_so_far']}</td>"
             f"<td class=n>{f['p_miss']:.1%}</td>"
             f"<td class=n>{escape(f['expected_credit'])} {escape(f['currency'])}</td></tr>"

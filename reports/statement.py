@@ -26,6 +26,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+from markupsafe import Markup, escape
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -148,7 +149,6 @@ def build_year_statement(
         applied = money_text(Decimal(credit["applied_amount"]), cur)
         remaining = money_text(Decimal(credit["remaining_amount"]), cur)
     context = {
-        "title": f"Year-end statement — {contract.customer} — contract year {k}",
         "created_w3c": as_of.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "customer": contract.customer,
         "contract_id": contract_id,
@@ -186,6 +186,10 @@ def build_year_statement(
             "root_b64": root_b64,
             "signed_at": as_of.astimezone(UTC).isoformat(),
             "note": cp.note,
+            # The signed note exactly as signed (escaped, never isolated: a copy of it must
+            # verify).  In the <pre> each line is its own bidi paragraph, so a control in the
+            # origin line cannot reach past it.
+            "note_exact": Markup(escape(cp.note)),  # noqa: S704 - escaped
         },
         "witness": witness_context(witness),
     }

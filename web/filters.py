@@ -8,7 +8,6 @@ CSRF token is :mod:`web.render`. Every figure goes through billing's one formatt
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -28,6 +27,7 @@ from billing.verdict import (
     format_seconds,
 )
 from web.views import MonthFigures, month_verdict
+from yoco_records.textsafe import isolate, isolate_stored
 
 
 def _exact(value: Decimal | float | int | None) -> Decimal | int | None:
@@ -106,48 +106,6 @@ def label(value: str | None) -> str:
 _CODE_SPAN = re.compile(r"``?([^`]+?)``?")
 
 
-#: Bidirectional classes that can reorder the text around a string: right-to-left
-#: letters and every embedding, override and isolate control (U+202A–U+202E,
-#: U+2066–U+2069).
-_BIDI_CLASSES = frozenset({"R", "AL", "RLE", "RLO", "LRE", "LRO", "PDF", "RLI", "LRI", "FSI",
-                           "PDI"})
-_FSI, _PDI = "\u2068", "\u2069"
-_OPENERS = frozenset("\u2066\u2067\u2068")  # LRI, RLI, FSI
-
-
-def isolate(value: str) -> str:
-    """``value`` as a bidi isolate (FIRST STRONG ISOLATE … POP DIRECTIONAL ISOLATE, what
-    ``<bdi>`` does, valid in text and in attributes) when it holds a right-to-left letter
-    or a bidi control, so that nothing in it (a U+202E in an id, a reason, a name) can
-    reorder the page around it; unchanged otherwise.
-
-    Inside, a PDI that would close the wrapper early becomes U+FFFD, and isolates left
-    open are closed (a PDI also ends every embedding and override opened in it)."""
-    if not any(unicodedata.bidirectional(ch) in _BIDI_CLASSES for ch in value):
-        return value
-    out: list[str] = []
-    depth = 0
-    for ch in value:
-        if ch in _OPENERS:
-            depth += 1
-        elif ch == _PDI:
-            if depth == 0:
-                ch = "\ufffd"
-            else:
-                depth -= 1
-        out.append(ch)
-    return _FSI + "".join(out) + _PDI * depth + _PDI
-
-
-def finalize(value: object) -> object:
-    """Every ``{{ … }}`` of the portal's templates passes here before it is escaped: a
-    plain string (stored text: ids, names, reasons, causes) is :func:`isolate`-d; markup
-    built by a filter is left as it is (the filter isolates what it shows)."""
-    if type(value) is str:
-        return isolate(value)
-    return value
-
-
 def codespans(text: str | None) -> Markup:
     """Plain text with Markdown/reST code spans (```x``` or ````x````) shown as ``<code>``,
     as one bidi isolate (:func:`isolate`)."""
@@ -156,9 +114,10 @@ def codespans(text: str | None) -> Markup:
 
 
 def install(env: Environment) -> None:
-    """Register the portal's filters on a Jinja environment, and :func:`finalize` (the bidi
-    isolation of every stored string shown)."""
-    env.finalize = finalize
+    """Register the portal's filters on a Jinja environment, and the bidi isolation of
+    every stored string shown (``yoco_records.textsafe.isolate_stored``, the reports'
+    ``finalize`` too)."""
+    env.finalize = isolate_stored
     env.filters.update(
         pct=pct, chance=chance, waited=waited, num=num, when=when, day=day, label=label,
         gpu_hours=gpu_hours, secs=secs, money=money, codespans=codespans,

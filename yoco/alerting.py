@@ -41,6 +41,7 @@ def alerts_config(settings: Settings) -> AlertsConfig:
     return AlertsConfig(
         checkpoint_max_age=timedelta(seconds=settings.alerts_checkpoint_max_age_s),
         retry=retry_policy_of(settings),
+        report_emails=settings.alerts_report_emails,
     )
 
 
@@ -99,8 +100,11 @@ def deliver_pending(
     """Send pending deliveries (or exactly ``delivery_ids``), one transaction each."""
     sent: list[Delivered] = []
     targets: list[int | None] = list(delivery_ids) if delivery_ids is not None else []
+    from reports.issued import document_files
+
     kwargs: dict[str, Any] = {"policy": config.policy, "sleep": sleep, "jitter": jitter,
-                              "env": env, "client": client, "replay": replay}
+                              "env": env, "client": client, "replay": replay,
+                              "files": document_files}
     if clock is not None:
         kwargs["clock"] = clock
     while len(sent) < limit:

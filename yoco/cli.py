@@ -676,14 +676,34 @@ def ledger_export_log(
 
 
 @ledger_app.command("public-key")
-def ledger_public_key() -> None:
-    """Print the checkpoint signer's verifier key (C2SP note verifier key)."""
+def ledger_public_key(
+    log: Annotated[str | None, typer.Option(
+        "--log", metavar="CONTRACT",
+        help="The same key under that contract log's origin, the key name its checkpoints "
+             "are signed with (what Go's note.Open needs)")] = None,
+) -> None:
+    """Print the checkpoint signer's verifier key (C2SP note verifier key); yoco's tools
+    accept it for every log's checkpoints, old and new."""
     if REMOTE.server is not None:
+        if log is not None:
+            err.print("[bold red]error:[/] --log: run this on the ledger's host (a remote "
+                      "server gives its key under its own name)")
+            raise typer.Exit(2)
         with remote_client() as api:
             print(api.public_key())
         return
     with application(schema=False) as ctx:
-        print(ctx.signer.verifier_text())
+        if log is None:
+            print(ctx.signer.verifier_text())
+            return
+        from ledger.checkpoints import origin_of
+        from ledger.errors import NoteError
+
+        try:
+            print(ctx.signer.verifier.named(origin_of(ctx.settings.log_origin, log)).to_text())
+        except NoteError as exc:
+            err.print(f"[bold red]error:[/] --log: {shown(exc)}")
+            raise typer.Exit(2) from None
 
 
 @ledger_app.command("rebuild")

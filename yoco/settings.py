@@ -70,6 +70,10 @@ class Settings(BaseSettings):
                                         validation_alias="YOCO_ALERTS_BACKOFF_CAP_S")
     alerts_timeout_s: float = Field(default=10.0, gt=0, le=300,
                                     validation_alias="YOCO_ALERTS_TIMEOUT_S")
+    #: E-mail every issued report (monthly report, year-end statement) to the contract's
+    #: subscribers: the destinations that name the opt-in kind ``report_issued``.
+    alerts_report_emails: bool = Field(default=False,
+                                       validation_alias="YOCO_ALERTS_REPORT_EMAILS")
 
     @field_validator(
         "database_url", "owner_database_url", "portal_database_url", "sink_database_url"

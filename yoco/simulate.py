@@ -13,6 +13,7 @@ later window end only adds finished jobs (see :class:`StreamConfig`).
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Iterator
@@ -173,6 +174,9 @@ def _job_events(cfg: StreamConfig, job: _Job, interval: float) -> list[Event]:
         # A job cannot lose steps it never made (the ledger refuses it as implausible);
         # clamped after drawing, so the random stream is the same as before.
         lost = min(lost, step)
+        # A recovery lies within its job (the ledger refuses one that ends after the
+        # job's job_finished, docs/definitions.md): clamped the same way.
+        recovery = min(recovery, math.floor((end - t).total_seconds() * 1000) / 1000)
         out_t = t + timedelta(seconds=recovery)
         add(
             out_t,

@@ -60,6 +60,11 @@ FUTURE_SKEW: Final = timedelta(hours=FUTURE_SKEW_HOURS)
 #: datetime and timestamptz hold, in every offset).
 EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
 TEXT_MAX_LEN: Final = 4000
+#: How far a recovery may end after the outcome's ``occurred_at`` or the job's end and
+#: still lie "within" them: producers write ``recovery_seconds`` as a float difference of
+#: two clock readings and timestamps to the microsecond, so equal instants can differ by
+#: a microsecond or two after rounding (docs/definitions.md, "Plausibility").
+RECOVERY_SLACK: Final = timedelta(milliseconds=1)
 
 _CAUSE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -385,18 +390,39 @@ def _uuid(ctx: _Ctx, path: str, value: Any) -> Any:
     return canonical
 
 
+def recovery_end(failure_at: datetime, recovery_seconds: Decimal | int | float) -> datetime:
+    """The instant a failure's recovery ended: the failure's ``occurred_at`` plus the
+    outcome's ``recovery_seconds`` (to the microsecond, rounded down)."""
+    micros = int(Decimal(str(recovery_seconds)) * 1_000_000)
+    return failure_at + timedelta(microseconds=micros)
+
+
 def implausible_outcome(
-    gpus_affected: int, lost_steps: int, *, job_gpus: int | None, reached_step: int | None
+    gpus_affected: int,
+    lost_steps: int,
+    *,
+    job_gpus: int | None,
+    reached_step: int | None,
+    recovery_seconds: Decimal | int | float | None = None,
+    failure_at: datetime | None = None,
+    reported_at: datetime | None = None,
+    job_end: datetime | None = None,
 ) -> list[tuple[str, str]]:
     """The plausibility rules of an ``outcome`` against its failure's job, as
     ``(field, message)`` pairs (empty: plausible). Checked where the job is known (the
     ledger's ingest, :mod:`ledger.plausibility`), so that one record cannot make a year's
-    lost GPU-hours 1e30:
+    lost GPU-hours 1e30 (docs/definitions.md, "Plausibility", is the one statement):
 
     * ``gpus_affected`` is at most the job's GPUs (its ``job_started``), when known;
     * ``lost_steps`` is at most the step the job had reached at the failure (the
       failure's ``step``, else the job's latest ``job_progress`` before it), when known:
-      a job cannot lose steps it never made.
+      a job cannot lose steps it never made;
+    * the recovery lies within the failure's job: it begins at the failure
+      (``failure_at``) and its end, ``failure_at + recovery_seconds``
+      (:func:`recovery_end`), is no later than the outcome's own ``occurred_at``
+      (``reported_at``: a recovery is reported once it is over) nor than the job's end
+      (``job_end``, its ``job_finished``, when it has one), each up to
+      :data:`RECOVERY_SLACK`.
     """
     problems: list[tuple[str, str]] = []
     if job_gpus is not None and gpus_affected > job_gpus:
@@ -405,7 +431,27 @@ def implausible_outcome(
     if reached_step is not None and lost_steps > reached_step:
         problems.append(("lost_steps", f"must be at most {reached_step}, the step the job "
                                        f"had reached at the failure (got {lost_steps})"))
+    if recovery_seconds is not None and failure_at is not None:
+        end = recovery_end(failure_at, recovery_seconds)
+        shown = f"{_plain_seconds(recovery_seconds)} s after the failure at {_instant(failure_at)}"
+        if reported_at is not None and end > reported_at + RECOVERY_SLACK:
+            problems.append(("recovery_seconds", (
+                f"must end by the outcome's occurred_at {_instant(reported_at)} (a recovery "
+                f"is reported once it is over): {shown} ends at {_instant(end)}")))
+        elif job_end is not None and end > job_end + RECOVERY_SLACK:
+            problems.append(("recovery_seconds", (
+                f"must end within the failure's job, which finished at {_instant(job_end)}: "
+                f"{shown} ends at {_instant(end)}")))
     return problems
+
+
+def _plain_seconds(value: Decimal | int | float) -> str:
+    text = format(Decimal(str(value)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _instant(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def is_producer_event_id(value: str | uuid.UUID) -> bool:

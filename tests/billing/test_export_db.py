@@ -169,3 +169,50 @@ def test_no_export_cell_can_run_as_a_formula(engine, hostile_credits):
     assert HOSTILE_CUSTOMER in {r["customer_name"] for r in doc["rows"]}
     assert spreadsheet_text("Acme") == "Acme" and spreadsheet_text("") == ""
     assert spreadsheet_text("\rx") == "'\rx" and spreadsheet_text("\uff1dSUM(1)") == "'\uff1dSUM(1)"
+
+
+RLO, LRI, RLM, ZWSP, FSI, PDI = "\u202e", "\u2066", "\u200f", "\u200b", "\u2068", "\u2069"
+BIDI_CUSTOMER = f"Acme{ZWSP} {RLM}{RLO}Labs"
+BIDI_CID = f"C-{LRI}{RLO}evil{ZWSP}"
+
+
+def test_export_text_cells_are_bidi_isolates(engine, close):
+    """Issue 27, item 7: a customer name and contract id holding an override, an isolate
+    left open, a right-to-left mark and a zero-width space are bidi isolates in the CSV
+    and the XLSX (the override cannot reverse the rest of the row read as text; the open
+    isolate is closed); a formula trigger still gets its quote first; the JSON keeps the
+    exact text; plain cells are unchanged."""
+    from openpyxl import load_workbook
+
+    from billing.export import spreadsheet_text
+
+    add_contract(engine, BIDI_CID, customer=BIDI_CUSTOMER)
+    add_contract(engine, "C-PLAIN", customer="=cmd" + RLO)
+    for cid in (BIDI_CID, "C-PLAIN"):
+        ingest_records(engine, failures(cid, unresolved=1)[0])
+        close(cid)
+    want_customer = f"{FSI}Acme{ZWSP} {RLM}{RLO}Labs{PDI}"
+    want_cid = f"{FSI}C-{LRI}{RLO}evil{ZWSP}{PDI}{PDI}"
+
+    raw = _export(engine, "csv").data.decode()
+    rows = {r["credit_note"]: r for r in csv.DictReader(io.StringIO(raw))}
+    bidi = rows[f"{FSI}CN-C-{LRI}{RLO}evil{ZWSP}-Y1{PDI}{PDI}"]
+    assert bidi["customer_name"] == want_customer and bidi["contract_id"] == want_cid
+    plain = rows["CN-C-PLAIN-Y1"]
+    assert plain["contract_id"] == "C-PLAIN"
+    assert plain["customer_name"] == f"'{FSI}=cmd{RLO}{PDI}"  # the quote stays first
+    # Read as text, every line of the CSV closes every isolate it opens.
+    for line in raw.splitlines():
+        assert line.count(FSI) + line.count(LRI) == line.count(PDI), line
+
+    ws = load_workbook(io.BytesIO(_export(engine, "xlsx").data)).active
+    col = {name: i + 1 for i, name in enumerate(COLUMNS)}
+    cells = {ws.cell(row=r, column=col["contract_id"]).value:
+             ws.cell(row=r, column=col["customer_name"]).value
+             for r in range(2, ws.max_row + 1)}
+    assert cells == {want_cid: want_customer, "C-PLAIN": f"'{FSI}=cmd{RLO}{PDI}"}
+
+    doc = json.loads(_export(engine, "json").data)
+    assert {r["contract_id"]: r["customer_name"] for r in doc["rows"]} == {
+        BIDI_CID: BIDI_CUSTOMER, "C-PLAIN": "=cmd" + RLO}
+    assert spreadsheet_text("Acme, Inc.") == "Acme, Inc."

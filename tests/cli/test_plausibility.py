@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,105 @@ def test_the_rule_is_the_record_schemas() -> None:
     assert implausible_outcome(9, 3, job_gpus=None, reached_step=None) == []
     assert [p[0] for p in implausible_outcome(9, 3, job_gpus=8, reached_step=2)] == [
         "gpus_affected", "lost_steps"]
+
+
+# ------------------------------------------------- the recovery lies within the failure's job
+
+MS = timedelta(milliseconds=1)
+US = timedelta(microseconds=1)
+
+
+def _recovery_case(seconds: float, reported: timedelta,
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """An 8-GPU job, its failure at T0+2 min, and an outcome of ``seconds`` of recovery
+    reported ``reported`` after the failure."""
+    recs, fail = _job(step=None)
+    at = f.T0 + timedelta(minutes=2)
+    out = f.outcome(fail["event_id"], "live_migrated", 0, cid="C-1", at=at + reported,
+                    recovery_seconds=seconds)
+    return recs, fail, out
+
+
+@pytest.mark.parametrize("reported, ok", [
+    (timedelta(seconds=300), True),             # reported as the recovery ends
+    (timedelta(seconds=300) - MS, True),        # within the 1 ms slack
+    (timedelta(seconds=300) - MS - US, False),  # a microsecond past it
+    (timedelta(seconds=60), False),             # the old scenario data: 300 s, 60 s later
+])
+def test_an_outcome_reported_before_its_recovery_ended_is_refused(
+        contract, db_url, reported, ok) -> None:
+    """Recovery end = failure + recovery_seconds must be no later than the outcome's
+    occurred_at (+1 ms): the boundary accepted, a microsecond past it refused with the
+    line, the field and both instants; nothing written."""
+    recs, _, out_rec = _recovery_case(300, reported)
+    before = _journal(db_url)
+    out = _ingest(contract, [*recs, out_rec])
+    if ok:
+        assert out.exit_code == 0, out.output
+        return
+    assert out.exit_code == 2, out.output
+    text_ = " ".join(out.output.split())
+    assert f"line {len(recs) + 1}" in text_ and "field 'recovery_seconds'" in text_
+    assert "must end by the outcome's occurred_at" in text_
+    assert "300 s after the failure at 2026-03-02T12:02:00Z ends at 2026-03-02T12:07:00Z" in text_
+    assert _journal(db_url) == before
+
+
+@pytest.mark.parametrize("finished, ok", [
+    (timedelta(seconds=300), True),             # the job ends as the recovery does
+    (timedelta(seconds=300) - MS, True),        # within the 1 ms slack
+    (timedelta(seconds=300) - MS - US, False),  # a microsecond too early
+])
+@pytest.mark.parametrize("order", ["end_first", "outcome_first", "outcome_earlier_batch"])
+def test_a_recovery_past_its_jobs_end_is_refused_from_either_side(
+        contract, db_url, finished, ok, order) -> None:
+    """The job's job_finished bounds the recovery: an outcome whose recovery ends after it
+    is refused (field recovery_seconds), and so is a job_finished dated before the end
+    of a recovery already recorded (field occurred_at), in one batch or two."""
+    recs, _, out_rec = _recovery_case(300, timedelta(hours=1))
+    end = f.rec("job_finished", "C-1", f.T0 + timedelta(minutes=2) + finished, job_id="j1",
+                step=10)
+    before = _journal(db_url)
+    if order == "end_first":
+        out = _ingest(contract, [*recs, end, out_rec])
+        line, field = len(recs) + 2, "recovery_seconds"
+    elif order == "outcome_first":
+        # in one batch the outcome is named, wherever the job_finished stands
+        out = _ingest(contract, [*recs, out_rec, end])
+        line, field = len(recs) + 1, "recovery_seconds"
+    else:
+        assert _ingest(contract, [*recs, out_rec]).exit_code == 0
+        before = _journal(db_url)
+        out = _ingest(contract, [end])
+        line, field = 1, "occurred_at"
+    if ok:
+        assert out.exit_code == 0, out.output
+        return
+    assert out.exit_code == 2, out.output
+    text_ = " ".join(out.output.split())
+    assert f"line {line}" in text_ and f"field '{field}'" in text_, text_
+    if field == "recovery_seconds":
+        assert "must end within the failure's job, which finished at" in text_
+    else:
+        assert "before a recovery recorded in it is over" in text_
+    assert _journal(db_url) == before
+
+
+def test_the_recovery_rule_is_the_record_schemas() -> None:
+    """The pure rule: inclusive bounds with the slack; nothing to check without the
+    failure's time; the outcome's own time is checked first."""
+    from yoco_records.schema import RECOVERY_SLACK, recovery_end
+
+    t = f.T0
+    end = recovery_end(t, 300)
+    assert end == t + timedelta(seconds=300) and RECOVERY_SLACK == MS
+    assert recovery_end(t, Decimal("0.0000019")) == t + US  # rounded down to the microsecond
+    ok = dict(job_gpus=8, reached_step=None, recovery_seconds=300, failure_at=t)
+    assert implausible_outcome(8, 0, **ok, reported_at=end, job_end=end) == []
+    assert implausible_outcome(8, 0, **ok, reported_at=end - MS, job_end=end - MS) == []
+    late = implausible_outcome(8, 0, **ok, reported_at=end - MS - US, job_end=None)
+    assert [p[0] for p in late] == ["recovery_seconds"] and "occurred_at" in late[0][1]
+    cut = implausible_outcome(8, 0, **ok, reported_at=end, job_end=end - MS - US)
+    assert [p[0] for p in cut] == ["recovery_seconds"] and "finished at" in cut[0][1]
+    assert implausible_outcome(8, 0, job_gpus=8, reached_step=None, recovery_seconds=10**9,
+                               failure_at=None, reported_at=t) == []

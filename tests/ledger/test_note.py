@@ -320,3 +320,80 @@ def test_load_signer_refuses_unsafe_or_bad_files(tmp_path: Path) -> None:
 def test_module_exports_are_real() -> None:
     for name in note.__all__:
         assert hasattr(note, name), name
+
+
+# ------------------------------------------------- the key name is the checkpoint's origin
+
+
+def _go_open(note_text: str, vkey: str) -> str:
+    """What Go's ``note.Open`` does with one verifier, written from the spec without this
+    package's code: parse ``<name>+<hex8>+<base64(0x01||key)>``, find a signature line of
+    that name whose first four bytes are the key ID (SHA-256(name \\n 0x01 key)[:4]),
+    check Ed25519 over the text; raise ValueError when there is none."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    name, hex8, b64 = vkey.split("+", 2)
+    raw = base64.b64decode(b64)
+    assert raw[0] == 1 and len(raw) == 33
+    kid = hashlib.sha256(name.encode() + b"\n" + raw).digest()[:4]
+    assert kid.hex() == hex8
+    text, _, sigs = note_text.rpartition("\n\n")
+    for line in sigs.splitlines():
+        who, _, blob = line.removeprefix("\u2014 ").partition(" ")
+        sig = base64.b64decode(blob)
+        if who == name and sig[:4] == kid:
+            Ed25519PublicKey.from_public_bytes(raw[1:]).verify(sig[4:], (text + "\n").encode())
+            return text + "\n"
+    raise ValueError("no signature by the verifier's name and key ID")
+
+
+def test_a_checkpoint_is_signed_under_its_origin_as_go_reads_it() -> None:
+    """Issue 26: the key name is the origin (C2SP SHOULD). The operator's one key signs
+    every log's checkpoints under that log's origin; Go's note.Open accepts them with the
+    verifier key ``<origin>+<key ID>+<key>`` and would not with the operator's name."""
+    operator = Signer.generate("yoco.example/ledger")
+    origin = "yoco.example/ledger/C-2026-001"
+    text = sign_checkpoint(operator, origin, 7, ROOT)
+    body = f"{origin}\n7\n{base64.b64encode(ROOT).decode()}\n"
+    assert text.startswith(body + f"\n\u2014 {origin} ")
+    per_log = operator.verifier.named(origin)
+    assert per_log.public_key == operator.verifier.public_key
+    assert per_log.key_id == key_id(origin, operator.verifier.public_key) != operator.key_id
+    assert per_log.to_text() == operator.named(origin).verifier_text()
+    # Go's reading, from the spec alone
+    assert _go_open(text, per_log.to_text()) == body
+    with pytest.raises(ValueError, match="no signature"):
+        _go_open(text, operator.verifier_text())
+    # Go's semantics in this package: the strict note API needs the per-log key ...
+    assert open_note(text, per_log) == body
+    with pytest.raises(NoteError, match="no signature by a known key"):
+        open_note(text, operator.verifier)
+    # ... and checkpoints open with either: the pinned public key is the same
+    assert open_checkpoint(text, operator.verifier, origin=origin).size == 7
+    assert open_checkpoint(text, per_log).size == 7
+    # another key under the same names is still refused
+    stranger = Signer.generate("yoco.example/ledger")
+    with pytest.raises(NoteError, match="no signature by a known key"):
+        open_checkpoint(text, stranger.verifier)
+    with pytest.raises(NoteError, match="no signature by a known key"):
+        open_checkpoint(text, stranger.verifier.named(origin))
+
+
+def test_checkpoints_signed_under_the_operators_name_stay_verifiable() -> None:
+    """A checkpoint signed before the change (under the operator's key name) opens with
+    the operator's key, as every one signed since; Go reads it with that key."""
+    operator = Signer.generate("yoco.example/ledger")
+    origin = "yoco.example/ledger/C-OLD"
+    old = sign_note(format_checkpoint(origin, 3, ROOT), operator)  # the old way
+    assert "\n\u2014 yoco.example/ledger " in old
+    new = sign_checkpoint(operator, origin, 4, ROOT)
+    for text, size in ((old, 3), (new, 4)):
+        assert open_checkpoint(text, operator.verifier, origin=origin).size == size
+    assert _go_open(old, operator.verifier_text()).startswith(origin)
+    # the verifiers a checkpoint may carry: the pinned name and the origin, once each
+    keys = note.checkpoint_verifiers([operator.verifier, operator.verifier], origin)
+    assert [(k.name, k.public_key) for k in keys] == [
+        ("yoco.example/ledger", operator.verifier.public_key),
+        (origin, operator.verifier.public_key)]
+    # an origin that cannot be a key name (white space) adds nothing
+    assert note.checkpoint_verifiers(operator.verifier, "bad origin") == (operator.verifier,)

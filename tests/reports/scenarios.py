@@ -34,7 +34,9 @@ def failure_with(
     node: str | None = "node-07",
     gpu: int | None = 3,
 ) -> list[dict[str, Any]]:
-    """A failure and (unless ``result`` is None: pending) its outcome a minute later."""
+    """A failure and (unless ``result`` is None: pending) its outcome once the recovery
+    is over: a minute later, or at the recovery's end if it took longer (the ledger
+    refuses an outcome reported before its recovery ended, docs/definitions.md)."""
     extra: dict[str, Any] = {}
     if node is not None:
         extra["node"] = node
@@ -45,7 +47,8 @@ def failure_with(
     out = [fail]
     if result is not None:
         out.append(
-            f.rec("outcome", cid, when + timedelta(minutes=1), event_id=_rid(rng),
+            f.rec("outcome", cid, when + timedelta(seconds=max(60, recovery)),
+                  event_id=_rid(rng),
                   failure_event_id=fail["event_id"], outcome=result, lost_steps=lost,
                   recovery_seconds=recovery, step_seconds=2.0, gpus_affected=gpus)
         )

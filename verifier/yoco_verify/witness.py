@@ -218,7 +218,7 @@ class Witness:
                     except ProofError as exc:
                         return _text(422, f"consistency proof {last.size} -> {cp.size}: {exc}")
             line = self.cosigner.cosign(text, int(self.clock()))
-            cosigned = _first_signatures(req.checkpoint, verifier) + line
+            cosigned = _first_signatures(req.checkpoint, verifier, cp.origin) + line
             self.state.put(cp.origin, Latest(cp.size, cp.root, text + "\n" + cosigned))
         return _text(200, line)
 
@@ -232,10 +232,12 @@ class Witness:
         return _text(200, last.note)
 
 
-def _first_signatures(signed: str, verifier: note.Verifier) -> str:
-    """The log's own signature line(s) of ``signed`` (kept with the witness's state)."""
-    prefix = f"\u2014 {verifier.name} "
-    return "".join(ln for ln in signature_lines(signed) if ln.startswith(prefix))
+def _first_signatures(signed: str, verifier: note.Verifier, origin: str) -> str:
+    """The log's own signature line(s) of ``signed`` (kept with the witness's state):
+    by its key under the configured name or under the origin (the key name since the
+    C2SP rule; :func:`note.checkpoint_verifiers`)."""
+    prefixes = tuple(f"\u2014 {v.name} " for v in note.checkpoint_verifiers(verifier, origin))
+    return "".join(ln for ln in signature_lines(signed) if ln.startswith(prefixes))
 
 
 def _text(status: int, message: str) -> Answer:

@@ -29,6 +29,7 @@ from alerts.errors import UnknownDelivery
 from alerts.send import deliver_next
 from alerts.services import deliveries, destination_json, events, list_destinations, replays
 from alerts.services import queue_replay as _queue_replay
+from reports.issued import document_files
 from web.deps import CsrfDep, OperatorDep, PortalDep
 from web.errors import Invalid, NotFound
 from web.portal import Portal
@@ -101,7 +102,8 @@ def send_replays(portal: Portal, ids: list[int]) -> None:
     for delivery_id in ids:
         try:
             with portal.db.write() as db:
-                done = deliver_next(db, policy=policy, delivery_id=delivery_id, replay=True)
+                done = deliver_next(db, policy=policy, delivery_id=delivery_id, replay=True,
+                                    files=document_files)
             if done is not None and done.status == "failed":
                 log.warning("replayed delivery %s to %s failed: %s", done.delivery_id,
                             done.destination, done.error)

@@ -10,7 +10,12 @@ Byte-compatible with Go's ``golang.org/x/mod/sumdb/note`` for Ed25519 keys::
     note              = <text ending in \\n> \\n (— <name> <base64(key ID || signature)>\\n)+
 
 A checkpoint is a signed note whose text is ``<origin>\\n<size>\\n<base64 root>\\n`` followed
-by optional non-empty extension lines. By convention the log's key name is its origin.
+by optional non-empty extension lines. The log's key name SHOULD be its origin (C2SP
+tlog-checkpoint): :func:`sign_checkpoint` signs under the origin, with the operator's one
+Ed25519 key (:meth:`Signer.named`), so Go's ``note.Open`` with the verifier key
+``<origin>+<key ID>+<key>`` accepts it; :func:`open_checkpoint` accepts a pinned key's
+signature under its own name (checkpoints signed before, under the operator's key name)
+or under the checkpoint's origin — the same public key either way.
 
 Parse keys once (``Verifier.from_text`` / ``Signer.from_text``) and reuse the objects; all
 checking functions take parsed keys, so nothing is re-parsed in a loop.
@@ -40,6 +45,7 @@ __all__ = [
     "Checkpoint",
     "Signer",
     "Verifier",
+    "checkpoint_verifiers",
     "format_checkpoint",
     "generate_signer",
     "key_id",
@@ -159,6 +165,14 @@ class Verifier:
         """The verifier key text."""
         return self.to_text()
 
+    def named(self, name: str) -> Verifier:
+        """The same public key under another key name (a log's origin): what Go's
+        ``note.Open`` needs to accept a signature line of that name.  Raises
+        :class:`NoteError` on a bad name."""
+        if name == self.name:
+            return self
+        return Verifier(name, key_id(name, self.public_key), self.public_key, self._key)
+
     def verify(self, message: bytes, signature: bytes) -> bool:
         """Return True iff ``signature`` is this key's Ed25519 signature of ``message``."""
         try:
@@ -237,6 +251,18 @@ class Signer:
     def verifier_text(self) -> str:
         """Return the verifier (public) key text of this signer, ``<name>+<hex8>+<base64>``."""
         return self.verifier.to_text()
+
+    def named(self, name: str) -> Signer:
+        """This signer's Ed25519 key under another key name (a log's origin): the same
+        private key, a different key ID.  Raises :class:`NoteError` on a bad name."""
+        if name == self.name:
+            return self
+        seed = self._key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        return Signer.from_seed(name, seed)
 
     def sign(self, message: bytes) -> bytes:
         """Return the 64-byte Ed25519 signature of ``message``."""
@@ -411,8 +437,28 @@ def parse_checkpoint(text: str) -> Checkpoint:
 def sign_checkpoint(
     signer: Signer, origin: str, size: int, root: bytes, extensions: Sequence[str] = ()
 ) -> str:
-    """Return the full signed checkpoint note text for tree ``(size, root)`` of log ``origin``."""
-    return sign_note(format_checkpoint(origin, size, root, extensions), signer)
+    """Return the full signed checkpoint note text for tree ``(size, root)`` of log
+    ``origin``, signed by ``signer``'s key under the key name ``origin`` (C2SP: the key
+    name SHOULD be the origin), whatever name ``signer`` carries."""
+    text = format_checkpoint(origin, size, root, extensions)
+    return sign_note(text, signer.named(origin))
+
+
+def checkpoint_verifiers(
+    verifier: Verifier | Iterable[Verifier], origin: str
+) -> tuple[Verifier, ...]:
+    """The keys a checkpoint of ``origin`` may be signed with, given the pinned keys:
+    each one under its own name (checkpoints signed before the key name was the origin)
+    and under ``origin`` (every checkpoint since).  The public keys are the pinned ones:
+    trusting them trusts nothing more."""
+    pinned = [verifier] if isinstance(verifier, Verifier) else list(verifier)
+    out: dict[tuple[str, int], Verifier] = {}
+    for v in pinned:
+        out.setdefault((v.name, v.key_id), v)
+        with contextlib.suppress(NoteError):  # an origin that is no key name: own name only
+            o = v.named(origin)
+            out.setdefault((o.name, o.key_id), o)
+    return tuple(out.values())
 
 
 def open_checkpoint(
@@ -422,11 +468,20 @@ def open_checkpoint(
 ) -> Checkpoint:
     """Verify a signed checkpoint with ``verifier`` and return its parsed contents.
 
-    When ``origin`` is given the checkpoint's origin must equal it. Raises
-    :class:`NoteError` on a bad signature, unknown key, malformed note or checkpoint body,
-    or origin mismatch.
+    A signature by a pinned key counts under the key's own name or under the
+    checkpoint's origin (:func:`checkpoint_verifiers`).  When ``origin`` is given the
+    checkpoint's origin must equal it. Raises :class:`NoteError` on a bad signature,
+    unknown key, malformed note or checkpoint body, or origin mismatch.
     """
-    checkpoint = parse_checkpoint(open_note(note, verifier))
+    if isinstance(note, bytes | bytearray):
+        try:
+            note = bytes(note).decode("utf-8")
+        except UnicodeDecodeError:
+            raise NoteError("note is not valid UTF-8") from None
+    if not isinstance(note, str):
+        raise NoteError("note must be text")
+    claimed = unverified_text(note).split("\n", 1)[0]  # the origin line, checked below
+    checkpoint = parse_checkpoint(open_note(note, checkpoint_verifiers(verifier, claimed)))
     if origin is not None and checkpoint.origin != origin:
         raise NoteError(f"checkpoint is for log {checkpoint.origin!r}, expected {origin!r}")
     return checkpoint
