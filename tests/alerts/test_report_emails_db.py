@@ -1,4 +1,4 @@
-"""Issued reports e-mailed to the contract's subscribers (issue 26): with
+"""Issued reports e-mailed to the contract's subscribers: with
 ``YOCO_ALERTS_REPORT_EMAILS`` on, every issued report raises one ``report_issued`` event,
 delivered through the alerts' e-mail sender to the destinations that name the kind and may
 see the contract, with the issued PDF and HTML attached as stored (their SHA-256 are the

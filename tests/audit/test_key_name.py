@@ -1,4 +1,4 @@
-"""The checkpoint signer's key name is the checkpoint's origin (issue 26; C2SP
+"""The checkpoint signer's key name is the checkpoint's origin (C2SP
 tlog-checkpoint: the key name SHOULD be the origin), and checkpoints signed before, under
 the operator's key name, stay verifiable: by `yoco ledger verify`, by `yoco-verify` with
 the operator's pinned key, and as Go's note.Open reads them. Real PostgreSQL, the real

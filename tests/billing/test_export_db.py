@@ -177,7 +177,7 @@ BIDI_CID = f"C-{LRI}{RLO}evil{ZWSP}"
 
 
 def test_export_text_cells_are_bidi_isolates(engine, close):
-    """Issue 27, item 7: a customer name and contract id holding an override, an isolate
+    """A customer name and contract id holding an override, an isolate
     left open, a right-to-left mark and a zero-width space are bidi isolates in the CSV
     and the XLSX (the override cannot reverse the rest of the row read as text; the open
     isolate is closed); a formula trigger still gets its quote first; the JSON keeps the

@@ -348,7 +348,7 @@ def _go_open(note_text: str, vkey: str) -> str:
 
 
 def test_a_checkpoint_is_signed_under_its_origin_as_go_reads_it() -> None:
-    """Issue 26: the key name is the origin (C2SP SHOULD). The operator's one key signs
+    """The key name is the origin (C2SP SHOULD). The operator's one key signs
     every log's checkpoints under that log's origin; Go's note.Open accepts them with the
     verifier key ``<origin>+<key ID>+<key>`` and would not with the operator's name."""
     operator = Signer.generate("yoco.example/ledger")

@@ -1,5 +1,4 @@
-"""Stored text in the monthly report and the year-end statement is bidi-isolated (issue 27,
-item 7): a U+202E (RIGHT-TO-LEFT OVERRIDE), a U+2066 (LEFT-TO-RIGHT ISOLATE) left open or
+"""Stored text in the monthly report and the year-end statement is bidi-isolated: a U+202E (RIGHT-TO-LEFT OVERRIDE), a U+2066 (LEFT-TO-RIGHT ISOLATE) left open or
 an invisible U+200F (RIGHT-TO-LEFT MARK) in a customer name, a contract id, a job, a node
 or an exclusion's reason cannot reorder the words the report writes around it, in the
 HTML or in the PDF (read back with pdftotext, as a reader's viewer lays it out).
