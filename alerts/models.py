@@ -40,6 +40,7 @@ EVENT_KINDS = (
     "witness_down",
     "witness_refused",
     "checkpoint_cosigned",
+    "witness_policy_unmet",
     "test",
 )
 #: Kinds sent only to destinations that name them (``--events``): a destination of every

@@ -1,0 +1,66 @@
+"""an index of a log's cosignatures in arrival order; the alert of an unmeetable policy
+
+``ix_checkpoint_cosignatures_log_id_id``: the portal's probe of a contract
+(``web.db.probe_statement``), run before every answer about it, names the latest
+cosignature stored for the contract's log (``max(id) ... WHERE log_id = ?``): the answers
+that show cosignatures (the checkpoint list) are tagged by it, so a cosignature that
+arrives after its checkpoint was signed changes their tag. The unique (``log_id``,
+``tree_size``, ``witness``) index would make that lookup read every cosignature of the
+log; (``log_id``, ``id``) answers it from the index's last entry.
+
+The alert kind ``witness_policy_unmet`` (a contract's witness policy names witnesses the
+ledger does not submit to and the configured ones cannot reach its quorum) is added to
+the check constraints of ``alert_events.kind`` and ``alert_destinations.event_kinds``.
+
+Revision ID: 0024
+Revises: 0023
+Create Date: 2026-12-02 18:30:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0024"
+down_revision: str | None = "0023"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+INDEX = "ix_checkpoint_cosignatures_log_id_id"
+OLD_KINDS = (
+    "year_at_risk", "year_below", "year_missed", "credit_issued", "checkpoint_stale",
+    "record_refused", "witness_down", "witness_refused", "checkpoint_cosigned", "test",
+)
+NEW_KINDS = (*OLD_KINDS, "witness_policy_unmet")
+
+
+def _kinds(kinds: tuple[str, ...]) -> str:
+    return ", ".join(repr(k) for k in kinds)
+
+
+def _alert_checks(kinds: tuple[str, ...]) -> None:
+    op.drop_constraint(op.f("ck_alert_events_kind_known"), "alert_events", type_="check")
+    op.create_check_constraint(
+        op.f("ck_alert_events_kind_known"), "alert_events", f"kind IN ({_kinds(kinds)})"
+    )
+    op.drop_constraint(
+        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations", type_="check"
+    )
+    op.create_check_constraint(
+        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations",
+        f"event_kinds <@ ARRAY[{_kinds(kinds)}]::text[]",
+    )
+
+
+def upgrade() -> None:
+    op.create_index(INDEX, "checkpoint_cosignatures", ["log_id", "id"], unique=False)
+    _alert_checks(NEW_KINDS)
+
+
+def downgrade() -> None:
+    # Refused (by the check constraint) while events of the new kind are stored: the
+    # alerts log is the operator's record and is never deleted.
+    _alert_checks(OLD_KINDS)
+    op.drop_index(INDEX, table_name="checkpoint_cosignatures")
