@@ -23,44 +23,29 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from migrations.helpers import set_alert_kinds
+
 revision: str = "0024"
 down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 INDEX = "ix_checkpoint_cosignatures_log_id_id"
+#: 0023's kinds, in its order (a downgrade restores its very constraint text).
 OLD_KINDS = (
     "year_at_risk", "year_below", "year_missed", "credit_issued", "checkpoint_stale",
-    "record_refused", "witness_down", "witness_refused", "checkpoint_cosigned", "test",
+    "record_refused", "test", "witness_down", "witness_refused", "checkpoint_cosigned",
 )
 NEW_KINDS = (*OLD_KINDS, "witness_policy_unmet")
 
 
-def _kinds(kinds: tuple[str, ...]) -> str:
-    return ", ".join(repr(k) for k in kinds)
-
-
-def _alert_checks(kinds: tuple[str, ...]) -> None:
-    op.drop_constraint(op.f("ck_alert_events_kind_known"), "alert_events", type_="check")
-    op.create_check_constraint(
-        op.f("ck_alert_events_kind_known"), "alert_events", f"kind IN ({_kinds(kinds)})"
-    )
-    op.drop_constraint(
-        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations", type_="check"
-    )
-    op.create_check_constraint(
-        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations",
-        f"event_kinds <@ ARRAY[{_kinds(kinds)}]::text[]",
-    )
-
-
 def upgrade() -> None:
     op.create_index(INDEX, "checkpoint_cosignatures", ["log_id", "id"], unique=False)
-    _alert_checks(NEW_KINDS)
+    set_alert_kinds(NEW_KINDS)
 
 
 def downgrade() -> None:
     # Refused (by the check constraint) while events of the new kind are stored: the
     # alerts log is the operator's record and is never deleted.
-    _alert_checks(OLD_KINDS)
+    set_alert_kinds(OLD_KINDS)
     op.drop_index(INDEX, table_name="checkpoint_cosignatures")
