@@ -153,6 +153,13 @@ class LogState:
     signed: int
     cosigned: int
 
+    @property
+    def heads(self) -> tuple[int, int]:
+        """What an answer showing signed checkpoints (their notes carry the witnesses'
+        cosignature lines) is a function of, for its tag: the latest head and the latest
+        cosignature."""
+        return (self.signed, self.cosigned)
+
 
 @dataclass(frozen=True, slots=True)
 class ListState:

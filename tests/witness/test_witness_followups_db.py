@@ -1,6 +1,7 @@
 """Follow-ups of the witness policy, on the real database and real witness processes:
-the checkpoint list's tag names the cosignatures (one stored after its checkpoint was
-signed is shown at once, not after the next head); a policy naming witnesses the ledger
+the tags of the answers that show checkpoint notes (the checkpoint list, an inclusion
+proof, a consistency proof, the log export) name the cosignatures, so one stored after
+its checkpoint was signed is shown at once, not after the next head; a policy naming witnesses the ledger
 never asks is warned of on the CLI (naming them) and, when it cannot be met, raises the
 operator's ``witness_policy_unmet`` alert."""
 
@@ -18,47 +19,72 @@ from alerts.models import AlertEvent
 from ledger import cosign
 from tests import factories as fx
 from tests.witness.conftest import WitnessProcess
-from tests.witness.test_witnessed_ledger_db import _cli, _configure, _two
+from tests.witness.test_witnessed_ledger_db import _cli, _configure, _progress, _two
 from yoco.database import unit_of_work
 from yoco.scheduler import CheckpointScheduler, submit_and_alert
 
 
-def test_a_cosignature_stored_after_signing_changes_the_checkpoint_lists_tag(
+def test_a_cosignature_stored_after_signing_changes_the_tags_of_what_shows_it(
     seed: Callable[..., None], app_ctx: Any, witnesses: list[WitnessProcess],
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from fastapi.testclient import TestClient
 
+    from ledger.checkpoints import sign_all
+    from ledger.models import JournalEntry
     from web.accounts import create_token
     from web.app import create_app
     from web.security import password_hasher
     from web.settings import WebSettings
 
     cust, aud = _two(witnesses, tmp_path, app_ctx)
-    seed([fx.contract("C-1")], [fx.job_started()])  # signed; cosigned by nobody yet
+    start = fx.job_started()
+    seed([fx.contract("C-1")], [start])  # signed at 2; cosigned by nobody yet
+    _progress(app_ctx, 2)
     with unit_of_work(app_ctx.engine) as s:
+        sign_all(s, app_ctx.signer, app_ctx.settings.log_origin)  # and at 4
         token = create_token(s, name="read-c1", customer="cust-C-1").text
+        eid = str(s.execute(select(JournalEntry.event_id).where(
+            JournalEntry.log_id == "C-1", JournalEntry.seq == 1)).scalar_one())
     app = create_app(app_ctx, WebSettings(secret_key="k", figures_ttl_seconds=0),
                      hasher=password_hasher(cheap=True))
     auth = {"Authorization": f"Bearer {token}"}
     url = "/api/v1/contracts/C-1/checkpoints"
+    # Every answer that shows a checkpoint's note, and so its cosignature lines.
+    shown = [url, f"/api/v1/contracts/C-1/entries/{eid}/proof",
+             "/api/v1/contracts/C-1/checkpoints/consistency?size1=2&size2=4",
+             "/api/v1/contracts/C-1/log.tar.gz"]
     with TestClient(app) as client:
         first = client.get(url, headers=auth)
         assert first.status_code == 200, first.text
         tag = first.headers["ETag"]
-        [head] = first.json()
-        assert cust.name not in head["note"] and aud.name not in head["note"]
-        # asked again unchanged: not modified (the list is still kept and tagged)
-        assert client.get(url, headers={**auth, "If-None-Match": tag}).status_code == 304
+        heads = first.json()
+        assert [h["tree_size"] for h in heads] == [4, 2]
+        assert cust.name not in heads[0]["note"] and aud.name not in heads[0]["note"]
+        tags = {}
+        for u in shown:
+            r = client.get(u, headers=auth)
+            assert r.status_code == 200, (u, r.text)
+            tags[u] = r.headers["ETag"]
+            # asked again unchanged: not modified (kept and tagged as before)
+            assert client.get(u, headers={**auth, "If-None-Match": tags[u]}
+                              ).status_code == 304, u
 
-        _configure(app_ctx, monkeypatch, [cust])  # the customer's witness cosigns it
+        _configure(app_ctx, monkeypatch, [cust])  # the customer's witness cosigns head 4
         submit_and_alert(app_ctx)
         second = client.get(url, headers={**auth, "If-None-Match": tag})
         assert second.status_code == 200, second.text
         assert second.headers["ETag"] != tag
-        [head2] = second.json()
-        assert head2["tree_size"] == head["tree_size"]  # the same head, not a newer one
-        assert f"\u2014 {cust.name} " in head2["note"] and aud.name not in head2["note"]
+        heads2 = second.json()
+        assert [h["tree_size"] for h in heads2] == [4, 2]  # the same heads, none newer
+        assert f"\u2014 {cust.name} " in heads2[0]["note"]
+        assert aud.name not in heads2[0]["note"]
+        proof = client.get(shown[1], headers={**auth, "If-None-Match": tags[shown[1]]})
+        assert proof.status_code == 200 and f"\u2014 {cust.name} " in proof.text
+        consistency = client.get(shown[2], headers={**auth, "If-None-Match": tags[shown[2]]})
+        assert consistency.status_code == 200 and f"\u2014 {cust.name} " in consistency.text
+        export = client.get(shown[3], headers={**auth, "If-None-Match": tags[shown[3]]})
+        assert export.status_code == 200 and export.headers["ETag"] != tags[shown[3]]
 
         # the second witness's cosignature of the same head changes the tag again
         _configure(app_ctx, monkeypatch, [cust, aud])

@@ -77,7 +77,7 @@ def _list_checkpoints(
     # (append-only, ids rising): the largest head and the latest cosignature name the
     # whole list, cosignature lines included.
     etag = portal.etag("api-checkpoints", scope_key(reader), contract_id,
-                       normalised_query(request), state.signed, state.cosigned)
+                       normalised_query(request), state.heads)
     declare(request, reader, state, None)  # the heads and their cosignatures name it
     if client_has(request, etag):
         return not_modified(etag)
@@ -135,8 +135,10 @@ def _get_consistency(
     size2: int,
 ) -> Response:
     state = _state(portal, reader, contract_id)
-    # Two signed heads never change: the proof between them neither.
-    etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2)
+    # Two signed heads never change, the proof between them neither; their notes gain
+    # the witnesses' cosignature lines as they arrive.
+    etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2,
+                       state.cosigned)
     declare(request, reader, state, None)
     if client_has(request, etag):
         return not_modified(etag)
