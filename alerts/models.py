@@ -41,6 +41,7 @@ EVENT_KINDS = (
     "witness_refused",
     "checkpoint_cosigned",
     "report_issued",
+    "witness_policy_unmet",
     "test",
 )
 #: Kinds sent only to destinations that name them (``--events``): a destination of every

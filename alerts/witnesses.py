@@ -14,6 +14,13 @@ Raised by the checkpoint scheduler after each submission run
   data holds the cosigned checkpoint note, so a customer whose webhook asks for this kind
   (opt-in) holds every cosigned head even without running a witness. Keyed by log and
   size.
+* ``witness_policy_unmet`` — a contract's witness policy in force names witnesses the
+  ledger never submits to (not in ``YOCO_WITNESSES``) and the configured ones alone cannot
+  reach its quorum: its checkpoints stay "not yet witnessed" and its reports cannot be
+  issued. Raised by the checkpoint runs and by importing or amending a contract; keyed by
+  contract and the witnesses missing, so a policy or configuration that changes which
+  are missing is alerted again. An operator's alert (no contract attached: the fix is the
+  ledger's configuration, not the customer's).
 """
 
 from __future__ import annotations
@@ -24,12 +31,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.events import NewEvent, raise_event
-from billing.witness_policy import policy_at
+from billing.witness_policy import PolicyReach, policy_at
 from ledger.contracts import list_contracts
 from ledger.models import Checkpoint
 from ledger.witnessing import SubmitRun, WitnessEndpoint, cosigned_note, cosigners_of
 
-__all__ = ["cosigned_events", "raise_witness_alerts", "witness_events"]
+__all__ = [
+    "cosigned_events",
+    "policy_events",
+    "raise_policy_alerts",
+    "raise_witness_alerts",
+    "witness_events",
+]
 
 
 def witness_events(session: Session, run: SubmitRun, now: datetime) -> list[NewEvent]:
@@ -110,4 +123,29 @@ def raise_witness_alerts(
     events = witness_events(session, run, now)
     if witnesses:
         events += cosigned_events(session, run, witnesses, quorum, now)
+    return [e.key for e in events if raise_event(session, e) is not None]
+
+
+def policy_events(reaches: list[PolicyReach], now: datetime) -> list[NewEvent]:
+    """A ``witness_policy_unmet`` event for each of ``reaches`` whose policy the configured
+    witnesses cannot meet (not stored)."""
+    return [
+        NewEvent(
+            kind="witness_policy_unmet",
+            key=f"witness_policy_unmet:{r.contract_id}:{','.join(sorted(r.unconfigured))}",
+            occurred_at=now,
+            subject=r.words(),
+            data={"contract_id": r.contract_id, "policy": r.policy.to_json(),
+                  "unconfigured": list(r.unconfigured), "configured": r.configured},
+        )
+        for r in reaches if not r.can_be_met
+    ]
+
+
+def raise_policy_alerts(
+    session: Session, reaches: list[PolicyReach], now: datetime | None = None
+) -> list[str]:
+    """Store the ``witness_policy_unmet`` events of ``reaches`` (once per key); return the
+    keys raised now. Never commits."""
+    events = policy_events(reaches, now or datetime.now(UTC))
     return [e.key for e in events if raise_event(session, e) is not None]

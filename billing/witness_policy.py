@@ -16,7 +16,7 @@ portal. Reads only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,17 +26,20 @@ from sqlalchemy.orm import Session
 from billing.inforce import witness_policy_at
 from billing.models import Amendment
 from ledger.contracts import get_contract
-from ledger.cosign import PolicyCheck, WitnessPolicy
-from ledger.models import Checkpoint, CheckpointCosignature
+from ledger.cosign import CosignerKey, PolicyCheck, WitnessPolicy
+from ledger.models import Checkpoint, CheckpointCosignature, Contract
 from ledger.witnessing import cosigned_note, cosigned_notes
 
 __all__ = [
     "MAX_CANDIDATES",
+    "PolicyReach",
     "WitnessStatus",
     "checkpoint_status",
     "checkpoint_statuses",
     "latest_witnessed",
     "policy_at",
+    "policy_reach",
+    "unreached_policies",
 ]
 
 #: How many of the newest checkpoints with enough cosignature rows
@@ -168,3 +171,84 @@ def latest_witnessed(
         if tried >= MAX_CANDIDATES:
             break
     return None, None
+
+
+#: A tree size beyond every log's: the policy "at" it is the one in force now, after
+#: every amendment recorded (it governs the next checkpoint signed).
+_NOW = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyReach:
+    """A contract's witness policy in force against the witnesses this ledger submits its
+    checkpoints to (``YOCO_WITNESSES``): the policy's witnesses the ledger never asks
+    (``unconfigured``, by name, in the policy's order; a witness configured under another
+    key counts as not configured, its cosignatures would not verify)."""
+
+    contract_id: str
+    policy: WitnessPolicy
+    unconfigured: tuple[str, ...]
+
+    @property
+    def configured(self) -> int:
+        """How many of the policy's witnesses the ledger submits checkpoints to."""
+        return len(self.policy.keys) - len(self.unconfigured)
+
+    @property
+    def can_be_met(self) -> bool:
+        """Whether the configured witnesses alone can reach the policy's quorum."""
+        return self.configured >= self.policy.quorum
+
+    def words(self) -> str:
+        """One sentence naming the witnesses the ledger never asks and what follows."""
+        names = ", ".join(self.unconfigured)
+        head = (f"contract {self.contract_id}: its witness policy ({self.policy.describe()}) "
+                f"names {names}, not among the witnesses this ledger submits checkpoints "
+                "to (YOCO_WITNESSES)")
+        if self.can_be_met:
+            return (f"{head}; the policy can still be met by the {self.configured} "
+                    "configured one(s), but never with a cosignature of "
+                    f"{'that witness' if len(self.unconfigured) == 1 else 'those'}")
+        return (f"{head}: only {self.configured} of the {self.policy.quorum} cosignatures "
+                "it needs can ever be collected, so its checkpoints stay 'not yet "
+                "witnessed' and its reports cannot be issued until YOCO_WITNESSES names "
+                "enough of them")
+
+
+def policy_reach(
+    contract_id: str, policy: WitnessPolicy, configured: Iterable[CosignerKey]
+) -> PolicyReach:
+    """``policy`` (``contract_id``'s) against the ``configured`` witnesses' keys."""
+    known = {k.to_text() for k in configured}
+    return PolicyReach(contract_id, policy,
+                       tuple(k.name for k in policy.keys if k.to_text() not in known))
+
+
+def unreached_policies(
+    session: Session, configured: Iterable[CosignerKey],
+    contract_ids: Iterable[str] | None = None,
+) -> list[PolicyReach]:
+    """The contracts (all, or ``contract_ids``) whose witness policy in force now (the one
+    the next checkpoint must meet) names a witness not among ``configured``, by contract
+    id. Reads the contracts' terms and the amendments that change a policy in one query
+    each, then the policy of each contract that has or had one."""
+    keys = list(configured)
+    wanted = None if contract_ids is None else set(contract_ids)
+    rows = session.execute(select(Contract.contract_id, Contract.terms)).all()
+    candidates = {cid for cid, terms in rows if isinstance(terms, dict) and "witnesses" in terms}
+    amended = session.execute(
+        select(Amendment.contract_id)
+        .where(Amendment.changes["terms"].has_key("witnesses"))
+    ).scalars()
+    candidates.update(amended)
+    if wanted is not None:
+        candidates &= wanted
+    out = []
+    for cid in sorted(candidates):
+        policy = policy_at(session, cid, _NOW)
+        if policy is None:
+            continue
+        reach = policy_reach(cid, policy, keys)
+        if reach.unconfigured:
+            out.append(reach)
+    return out

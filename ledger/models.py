@@ -154,6 +154,8 @@ class CheckpointCosignature(Base):
 
     __table_args__ = (
         UniqueConstraint("log_id", "tree_size", "witness"),
+        # The portal's probe names a log's latest cosignature (max id by log): 0024.
+        Index(None, "log_id", "id"),
         ForeignKeyConstraint(
             ["log_id", "tree_size"], ["checkpoints.log_id", "checkpoints.tree_size"]
         ),

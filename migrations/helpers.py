@@ -100,3 +100,21 @@ def create_entry_json_function() -> None:
         "LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE "
         "AS $$ SELECT convert_from(data, 'UTF8')::jsonb $$"
     )
+
+
+def set_alert_kinds(kinds: tuple[str, ...]) -> None:
+    """Make ``kinds`` the alert event kinds the check constraints of ``alert_events.kind``
+    and ``alert_destinations.event_kinds`` allow (a migration that adds a kind, and its
+    downgrade, which is refused while events of a removed kind are stored)."""
+    listed = ", ".join(repr(k) for k in kinds)
+    op.drop_constraint(op.f("ck_alert_events_kind_known"), "alert_events", type_="check")
+    op.create_check_constraint(
+        op.f("ck_alert_events_kind_known"), "alert_events", f"kind IN ({listed})"
+    )
+    op.drop_constraint(
+        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations", type_="check"
+    )
+    op.create_check_constraint(
+        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations",
+        f"event_kinds <@ ARRAY[{listed}]::text[]",
+    )

@@ -4,7 +4,9 @@ Every API answer is a function of a few things that are cheap to know before any
 is computed: which representation (the route and its normalised query), who asks (the
 tenant scope, so one caller's tag never names another's answer), the size of each
 contract log the answer reads (a new entry changes it), the latest signed checkpoint of
-that log where the answer shows proofs or tree heads (signing adds no entry), and for
+that log where the answer shows proofs or tree heads (signing adds no entry), the latest
+witness cosignature of that log there too (the notes shown carry the cosignature lines,
+which arrive after their checkpoint was signed: :attr:`web.db.LogState.heads`), and for
 time-dependent figures the instant they are computed at (:func:`figures_instant`).
 :func:`make_etag` hashes exactly those; a handler computes the tag first, answers
 ``304 Not Modified`` when the request's ``If-None-Match`` names it (nothing else is

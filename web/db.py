@@ -106,7 +106,8 @@ _SETTINGS = (
 )
 _PROBE = _SETTINGS + (
     "SELECT c.contract_id, l.size, "
-    "(SELECT max(k.tree_size) FROM checkpoints AS k WHERE k.log_id = c.contract_id) "
+    "(SELECT max(k.tree_size) FROM checkpoints AS k WHERE k.log_id = c.contract_id), "
+    "(SELECT max(w.id) FROM checkpoint_cosignatures AS w WHERE w.log_id = c.contract_id) "
     "FROM contracts AS c "
     "LEFT OUTER JOIN ledger_logs AS l ON l.log_id = c.contract_id "
     "WHERE c.contract_id = %(id)s"
@@ -144,10 +145,20 @@ def probe_statement(
 @dataclass(frozen=True, slots=True)
 class LogState:
     """What a contract's log holds, as far as an answer about it can change: its size
-    (entries) and the tree size of its latest signed checkpoint (0: none)."""
+    (entries), the tree size of its latest signed checkpoint (0: none) and the id of the
+    latest witness cosignature stored for it (0: none; cosignatures arrive after their
+    checkpoint is signed, so ``signed`` alone does not name what a checkpoint shows)."""
 
     size: int
     signed: int
+    cosigned: int
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """What an answer showing signed checkpoints (their notes carry the witnesses'
+        cosignature lines) is a function of, for its tag: the latest head and the latest
+        cosignature."""
+        return (self.signed, self.cosigned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +179,8 @@ def probe_state(row: Any, contract_id: str | None) -> LogState | ListState | Non
         return ListState(count=int(row[0]), digest=str(row[1]))
     if row is None:
         return None
-    return LogState(size=int(row[1] or 0), signed=int(row[2] or 0))
+    return LogState(size=int(row[1] or 0), signed=int(row[2] or 0),
+                    cosigned=int(row[3] or 0))
 
 
 class PortalDb:

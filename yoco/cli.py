@@ -309,6 +309,19 @@ def contracts_add(
     _add_specs(specs, None)
 
 
+def warn_witness_policies(ctx: App, contract_ids: list[str] | None) -> None:
+    """Print a warning for each contract (all, or ``contract_ids``) whose witness policy
+    names a witness not in ``YOCO_WITNESSES``, naming it, and raise the operator's
+    ``witness_policy_unmet`` alert where the configured witnesses cannot meet the policy
+    (:func:`yoco.scheduler.check_witness_policies`). What was recorded stays recorded."""
+    from yoco.scheduler import check_witness_policies
+
+    for reach in check_witness_policies(ctx, contract_ids):
+        alert = "" if reach.can_be_met else " (operator alert witness_policy_unmet raised)"
+        err.print(f"[bold yellow]warning:[/] {reach.words()}{alert}", highlight=False,
+                  soft_wrap=True)
+
+
 def _add_specs(specs: list[Any], where: list[str] | None) -> None:
     from ledger.contracts import add_contracts
     from ledger.errors import IngestRefused
@@ -320,10 +333,11 @@ def _add_specs(specs: list[Any], where: list[str] | None) -> None:
             err.print("[bold red]error:[/] contracts refused, nothing written:")
             _print_record_errors(exc.errors)
             raise typer.Exit(2) from None
-    for cid in result.created:
-        out.print(f"created contract {cid}", highlight=False)
-    for cid in result.unchanged:
-        out.print(f"contract {cid} already recorded, unchanged", highlight=False)
+        for cid in result.created:
+            out.print(f"created contract {cid}", highlight=False)
+        for cid in result.unchanged:
+            out.print(f"contract {cid} already recorded, unchanged", highlight=False)
+        warn_witness_policies(ctx, [*result.created, *result.unchanged])
 
 
 @contracts_app.command("import")
@@ -603,6 +617,7 @@ def ledger_checkpoint() -> None:
             err.print(f"NOT SIGNED: {exc}", highlight=False, soft_wrap=True)
         if not run.heads and not run.refused:
             out.print("nothing to sign: no log has entries beyond its last checkpoint")
+        warn_witness_policies(ctx, None)
         if ctx.witnesses:
             from yoco.scheduler import submit_and_alert
 

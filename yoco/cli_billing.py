@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from yoco.cli import application, err, fail, out, parse_now, print_json, shown
+from yoco.cli import (
+    application,
+    err,
+    fail,
+    out,
+    parse_now,
+    print_json,
+    shown,
+    warn_witness_policies,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -466,11 +475,13 @@ def amend_cmd(
                 amendment_id=amendment_id,
             ),
         )
-    out.print(
-        f"amendment {r.event_id} of {contract_id}"
-        + (" recorded" if r.created else " already recorded"),
-        highlight=False,
-    )
+        out.print(
+            f"amendment {r.event_id} of {contract_id}"
+            + (" recorded" if r.created else " already recorded"),
+            highlight=False,
+        )
+        if witnesses is not None:
+            warn_witness_policies(ctx, [contract_id])
 
 
 @dispute_app.command("open")

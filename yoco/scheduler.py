@@ -31,6 +31,9 @@ from billing.schedule import CheckpointRun, DueRun, checkpoint_run, close_due_ru
 from yoco.app import App
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from billing.witness_policy import PolicyReach
     from ledger.witnessing import SubmitRun
     from reports.issued import DueIssueRun
     from yoco.alerting import AlertsRun
@@ -158,6 +161,24 @@ def submit_and_alert(ctx: App) -> SubmitRun:
     return run
 
 
+def check_witness_policies(
+    ctx: App, contract_ids: Iterable[str] | None = None
+) -> list[PolicyReach]:
+    """The contracts (all, or ``contract_ids``) whose witness policy in force names a
+    witness not in ``YOCO_WITNESSES`` (:func:`billing.witness_policy.unreached_policies`);
+    raise ``witness_policy_unmet`` for each whose quorum the configured witnesses cannot
+    reach; committed. The callers print or log :meth:`PolicyReach.words` of each."""
+    from alerts.witnesses import raise_policy_alerts
+    from billing.witness_policy import unreached_policies
+    from yoco.database import unit_of_work
+
+    configured = [w.key for w in ctx.witnesses]
+    with unit_of_work(ctx.engine) as s:
+        reaches = unreached_policies(s, configured, contract_ids)
+        raise_policy_alerts(s, reaches)
+    return reaches
+
+
 class CheckpointScheduler:
     """Sign every log with new entries every ``every`` seconds, in a daemon thread.
 
@@ -176,6 +197,7 @@ class CheckpointScheduler:
         self.clock = clock
         self.runs = 0
         self.next_at: float | None = None  # None: due now
+        self._policy_warned: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -197,6 +219,14 @@ class CheckpointScheduler:
             log.info("checkpoints: signed %d log(s)", len(run.heads))
         for exc in run.refused:  # one inconsistent log never stops the others' checkpoints
             log.error("checkpoint NOT SIGNED: %s", exc)
+        try:
+            for reach in check_witness_policies(self.ctx):
+                words = reach.words()
+                if words not in self._policy_warned:  # logged once, not every run
+                    self._policy_warned.add(words)
+                    log.warning("witness policy: %s", words)
+        except Exception:  # a policy check never stops the checkpoints
+            log.exception("witness policy check failed; retrying next run")
         if self.ctx.witnesses:
             try:
                 self.witness_once()

@@ -24,7 +24,12 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from migrations.helpers import grant_sequences, make_append_only, revoke_all
+from migrations.helpers import (
+    grant_sequences,
+    make_append_only,
+    revoke_all,
+    set_alert_kinds,
+)
 
 revision: str = "0023"
 down_revision: str | None = "0022"
@@ -42,24 +47,6 @@ OLD_KINDS = (
     "record_refused", "test",
 )
 NEW_KINDS = (*OLD_KINDS, "witness_down", "witness_refused", "checkpoint_cosigned")
-
-
-def _kinds(kinds: tuple[str, ...]) -> str:
-    return ", ".join(repr(k) for k in kinds)
-
-
-def _alert_checks(kinds: tuple[str, ...]) -> None:
-    op.drop_constraint(op.f("ck_alert_events_kind_known"), "alert_events", type_="check")
-    op.create_check_constraint(
-        op.f("ck_alert_events_kind_known"), "alert_events", f"kind IN ({_kinds(kinds)})"
-    )
-    op.drop_constraint(
-        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations", type_="check"
-    )
-    op.create_check_constraint(
-        op.f("ck_alert_destinations_event_kinds_known"), "alert_destinations",
-        f"event_kinds <@ ARRAY[{_kinds(kinds)}]::text[]",
-    )
 
 
 def upgrade() -> None:
@@ -93,13 +80,13 @@ def upgrade() -> None:
         "CREATE POLICY checkpoint_cosignatures_portal_tenant ON checkpoint_cosignatures "
         f"FOR SELECT TO {PORTAL_ROLE} USING ({_ALL} OR log_id IN {_MINE})"
     )
-    _alert_checks(NEW_KINDS)
+    set_alert_kinds(NEW_KINDS)
 
 
 def downgrade() -> None:
     # Refused (by the check constraint) while events of the new kinds are stored: the
     # alerts log is the operator's record and is never deleted.
-    _alert_checks(OLD_KINDS)
+    set_alert_kinds(OLD_KINDS)
     op.execute(f"REVOKE ALL ON checkpoint_cosignatures FROM {PORTAL_ROLE}")
     revoke_all("checkpoint_cosignatures")
     op.drop_table("checkpoint_cosignatures")

@@ -73,10 +73,12 @@ def _list_checkpoints(
     below = None
     if cursor is not None:
         below = int(portal.cursors.decode(cursor, "checkpoints", (contract_id,))[0])
-    # Checkpoints only ever add larger tree sizes: the largest names the whole list.
+    # Checkpoints only ever add larger tree sizes and cosignatures only ever arrive
+    # (append-only, ids rising): the largest head and the latest cosignature name the
+    # whole list, cosignature lines included.
     etag = portal.etag("api-checkpoints", scope_key(reader), contract_id,
-                       normalised_query(request), state.signed)
-    declare(request, reader, state, None)  # the latest signed head names the list
+                       normalised_query(request), state.heads)
+    declare(request, reader, state, None)  # the heads and their cosignatures name it
     if client_has(request, etag):
         return not_modified(etag)
 
@@ -103,8 +105,8 @@ def _list_checkpoints(
             ]
         return bytes(JSONResponse(body).body), nxt
 
-    # Kept under its tag: once a newer head is signed, every probe sees it, so the tag
-    # (and the key) differ and this body is not served again.
+    # Kept under its tag: once a newer head is signed or a cosignature stored, every
+    # probe sees it, so the tag (and the key) differ and this body is not served again.
     body, nxt = portal.pages.get_or_make(("api-body", etag), render)
     return json_answer(request, etag, body, link_headers(request, nxt))
 
@@ -133,8 +135,10 @@ def _get_consistency(
     size2: int,
 ) -> Response:
     state = _state(portal, reader, contract_id)
-    # Two signed heads never change: the proof between them neither.
-    etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2)
+    # Two signed heads never change, the proof between them neither; their notes gain
+    # the witnesses' cosignature lines as they arrive.
+    etag = portal.etag("api-consistency", scope_key(reader), contract_id, size1, size2,
+                       state.cosigned)
     declare(request, reader, state, None)
     if client_has(request, etag):
         return not_modified(etag)

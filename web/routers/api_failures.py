@@ -237,7 +237,7 @@ def _get_proof(
     state = portal.db.visible_state(reader, contract_id)
     if state is None:
         raise NotFound()
-    etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, state.signed)
+    etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, state.heads)
     if client_has(request, etag):
         declare(request, reader, state, None)
         return not_modified(etag)
@@ -255,7 +255,8 @@ def _get_proof(
     signed, body = portal.pages.get_or_make(key, render)
     if signed != state.signed:  # signed meanwhile: not what the tag says
         portal.pages.forget(key)
-        etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id, signed)
+        etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id,
+                           (signed, state.cosigned))
     else:
         declare(request, reader, state, None)
     return json_answer(request, etag, body)

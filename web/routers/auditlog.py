@@ -76,14 +76,16 @@ def api_log_export(
     state = portal.db.visible_state(reader, contract_id)
     if state is None:
         raise NotFound()
-    etag = portal.etag("api-log", scope_key(reader), contract_id, checkpoint or state.signed)
+    # The export's checkpoint note carries the cosignatures stored for it: tagged by them.
+    etag = portal.etag("api-log", scope_key(reader), contract_id, checkpoint or state.signed,
+                       state.cosigned)
     if client_has(request, etag):
         return not_modified(etag)
     with portal.db.read(reader, snapshot=True) as db:
         response = _download(db, reader, contract_id, checkpoint)
     if checkpoint is None and response.headers["X-Yoco-Tree-Size"] != str(state.signed):
         etag = portal.etag("api-log", scope_key(reader), contract_id,
-                           int(response.headers["X-Yoco-Tree-Size"]))
+                           int(response.headers["X-Yoco-Tree-Size"]), state.cosigned)
     response.headers.update(conditional_headers(etag))
     return response
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,24 +86,8 @@ def _unb64(text: str, what: str) -> bytes:
     return raw
 
 
-def _key_id(name: str, public_key: bytes) -> int:
-    digest = hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ALG_COSIGNATURE_V1]) + public_key)
-    return int.from_bytes(digest.digest()[:4], "big")
-
-
-def _split_key(text: str, what: str) -> tuple[str, int, bytes]:
-    parts = text.split("+", 2)
-    if len(parts) != 3:
-        raise NoteError(f"{what} must look like <name>+<hex8 key ID>+<base64 key>")
-    name, hex8, b64 = parts
-    # The name rules of signed notes (no '+', no white space), checked once there.
-    note.key_id(name, b"")
-    if len(hex8) != 8 or any(c not in "0123456789abcdef" for c in hex8.lower()):
-        raise NoteError(f"{what}: key ID {hex8!r} must be 8 hexadecimal digits")
-    raw = _unb64(b64, f"{what} material")
-    if len(raw) != 33 or raw[0] != ALG_COSIGNATURE_V1:
-        raise NoteError(f"{what} is not a cosignature/v1 key (0x04 followed by 32 bytes)")
-    return name, int(hex8, 16), raw[1:]
+#: What a witness key's material must be (the words of a refusal).
+_KIND = "a cosignature/v1 key"
 
 
 def _message(body: str, timestamp: int) -> bytes:
@@ -123,26 +106,16 @@ class CosignerKey:
     @classmethod
     def from_public_key(cls, name: str, public_key: bytes) -> CosignerKey:
         """The key of a raw 32-byte Ed25519 public key under ``name``."""
-        note.key_id(name, public_key)  # name rules
-        if len(public_key) != 32:
-            raise NoteError("Ed25519 public key must be 32 bytes")
-        try:
-            key = Ed25519PublicKey.from_public_bytes(bytes(public_key))
-        except ValueError as exc:
-            raise NoteError(f"invalid Ed25519 public key: {exc}") from None
-        return cls(name, _key_id(name, public_key), bytes(public_key), key)
+        key = note.ed25519_public_key(name, public_key)
+        kid = note.key_id(name, public_key, ALG_COSIGNATURE_V1)
+        return cls(name, kid, bytes(public_key), key)
 
     @classmethod
     def from_text(cls, text: str) -> CosignerKey:
         """Parse ``<name>+<hex8>+<base64(0x04||pubkey)>``; raise :class:`NoteError` if
         malformed or the key ID does not match (surrounding white space ignored)."""
-        if not isinstance(text, str):
-            raise NoteError("witness key must be text")
-        name, kid, public = _split_key(text.strip(), "witness key")
-        key = cls.from_public_key(name, public)
-        if key.key_id != kid:
-            raise NoteError(f"witness key ID {kid:08x} does not match the name and key")
-        return key
+        return cls(*note.parse_public_key_text(text, "witness key", ALG_COSIGNATURE_V1,
+                                               _KIND))
 
     def to_text(self) -> str:
         """The verifier key text ``<name>+<hex8>+<base64(0x04||pubkey)>``."""
@@ -194,7 +167,9 @@ class Cosigner:
         :class:`NoteError` if malformed or the key ID does not match."""
         if not isinstance(text, str) or not text.strip().startswith(_PRIVATE_PREFIX):
             raise NoteError("witness private key must start with PRIVATE+KEY+")
-        name, kid, seed = _split_key(text.strip()[len(_PRIVATE_PREFIX) :], "witness private key")
+        name, kid, seed = note.split_key_text(text.strip()[len(_PRIVATE_PREFIX) :],
+                                              "witness private key", ALG_COSIGNATURE_V1,
+                                              _KIND, _PRIVATE_PREFIX)
         cosigner = cls.from_seed(name, seed)
         if cosigner.key.key_id != kid:
             raise NoteError(f"witness private key ID {kid:08x} does not match the name and key")

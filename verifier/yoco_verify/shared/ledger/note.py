@@ -46,6 +46,7 @@ __all__ = [
     "Signer",
     "Verifier",
     "checkpoint_verifiers",
+    "ed25519_public_key",
     "format_checkpoint",
     "generate_signer",
     "key_id",
@@ -53,8 +54,10 @@ __all__ = [
     "open_checkpoint",
     "open_note",
     "parse_checkpoint",
+    "parse_public_key_text",
     "sign_checkpoint",
     "sign_note",
+    "split_key_text",
     "unverified_text",
 ]
 
@@ -94,18 +97,67 @@ def _check_name(name: object) -> str:
     return name
 
 
-def key_id(name: str, public_key: bytes) -> int:
-    """Return the 32-bit key ID of an Ed25519 key: first 4 bytes (big endian) of
-    SHA-256(name || "\\n" || 0x01 || public_key)."""
+def key_id(name: str, public_key: bytes, alg: int = ALG_ED25519) -> int:
+    """Return the 32-bit key ID of a key of algorithm byte ``alg`` (0x01: an Ed25519 note
+    key; 0x04: a ``cosignature/v1`` witness key): first 4 bytes (big endian) of
+    SHA-256(name || "\\n" || alg || public_key). Raises :class:`NoteError` for a bad
+    name."""
     _check_name(name)
-    digest = hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ALG_ED25519]) + public_key)
+    digest = hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([alg]) + public_key)
     return int.from_bytes(digest.digest()[:4], "big")
 
 
-def _parse_key_id(hex8: str) -> int:
+def split_key_text(
+    text: str, what: str, alg: int, kind: str, prefix: str = ""
+) -> tuple[str, int, bytes]:
+    """Parse the key text shape shared by note keys and witness keys,
+    ``<name>+<hex8>+<base64(alg || 32 bytes)>`` (``text`` without its ``prefix``, e.g.
+    ``PRIVATE+KEY+``): the name (checked), the key ID as written and the 32 bytes of key
+    material. Raises :class:`NoteError` naming ``what`` (``verifier key``) and, for
+    material of another algorithm, ``kind`` (``an Ed25519 key``). The caller checks the
+    key ID against the key it derives."""
+    parts = text.split("+", 2)
+    if len(parts) != 3:
+        raise NoteError(f"{what} must look like {prefix}<name>+<hex8 key ID>+<base64 key>")
+    name, hex8, b64 = parts
+    _check_name(name)
     if len(hex8) != 8 or any(c not in "0123456789abcdefABCDEF" for c in hex8):
-        raise NoteError(f"key ID {hex8!r} must be 8 hexadecimal digits")
-    return int(hex8, 16)
+        raise NoteError(f"{what}: key ID {hex8!r} must be 8 hexadecimal digits")
+    try:
+        raw = _b64decode(b64)
+    except (binascii.Error, ValueError):
+        raise NoteError(f"{what} material is not valid (canonical) base64") from None
+    if len(raw) != 33 or raw[0] != alg:
+        raise NoteError(f"{what} is not {kind} ({alg:#04x} followed by 32 bytes)")
+    return name, int(hex8, 16), raw[1:]
+
+
+def ed25519_public_key(name: str, public_key: bytes) -> Ed25519PublicKey:
+    """The Ed25519 public key of 32 raw bytes for a key named ``name`` (the name checked
+    by the rules of signed notes); raises :class:`NoteError`."""
+    _check_name(name)
+    if len(public_key) != 32:
+        raise NoteError("Ed25519 public key must be 32 bytes")
+    try:
+        return Ed25519PublicKey.from_public_bytes(bytes(public_key))
+    except ValueError as exc:
+        raise NoteError(f"invalid Ed25519 public key: {exc}") from None
+
+
+def parse_public_key_text(
+    text: object, what: str, alg: int, kind: str
+) -> tuple[str, int, bytes, Ed25519PublicKey]:
+    """Parse a public key text ``<name>+<hex8>+<base64(alg || 32-byte Ed25519 key)>``
+    (:func:`split_key_text`; surrounding white space ignored) into its name, key ID, raw
+    key and Ed25519 key, the key ID checked against the name and key (for ``alg``).
+    Raises :class:`NoteError` naming ``what``."""
+    if not isinstance(text, str):
+        raise NoteError(f"{what} must be text")
+    name, want_id, public = split_key_text(text.strip(), what, alg, kind)
+    key = ed25519_public_key(name, public)
+    if key_id(name, public, alg) != want_id:
+        raise NoteError(f"{what} ID {want_id:08x} does not match the name and key")
+    return name, want_id, public, key
 
 
 @dataclass(frozen=True)
@@ -120,13 +172,7 @@ class Verifier:
     @classmethod
     def from_public_key(cls, name: str, public_key: bytes) -> Verifier:
         """Return the verifier for a raw 32-byte Ed25519 public key under ``name``."""
-        _check_name(name)
-        if len(public_key) != 32:
-            raise NoteError("Ed25519 public key must be 32 bytes")
-        try:
-            key = Ed25519PublicKey.from_public_bytes(bytes(public_key))
-        except ValueError as exc:
-            raise NoteError(f"invalid Ed25519 public key: {exc}") from None
+        key = ed25519_public_key(name, public_key)
         return cls(name, key_id(name, public_key), bytes(public_key), key)
 
     @classmethod
@@ -136,25 +182,7 @@ class Verifier:
         Surrounding white space (e.g. a trailing newline from a key file) is ignored; the
         key ID must match the name and key.
         """
-        if not isinstance(text, str):
-            raise NoteError("verifier key must be text")
-        text = text.strip()
-        parts = text.split("+", 2)
-        if len(parts) != 3:
-            raise NoteError("verifier key must look like <name>+<hex8 key ID>+<base64 key>")
-        name, hex8, b64 = parts
-        _check_name(name)
-        want_id = _parse_key_id(hex8)
-        try:
-            raw = _b64decode(b64)
-        except (binascii.Error, ValueError):
-            raise NoteError("verifier key material is not valid base64") from None
-        if len(raw) != 33 or raw[0] != ALG_ED25519:
-            raise NoteError("verifier key is not an Ed25519 key (0x01 followed by 32 bytes)")
-        verifier = cls.from_public_key(name, raw[1:])
-        if verifier.key_id != want_id:
-            raise NoteError(f"verifier key ID {hex8} does not match the name and key")
-        return verifier
+        return cls(*parse_public_key_text(text, "verifier key", ALG_ED25519, "an Ed25519 key"))
 
     def to_text(self) -> str:
         """Return the verifier key text ``<name>+<hex8>+<base64(0x01||pubkey)>``."""
@@ -220,23 +248,11 @@ class Signer:
         text = text.strip()
         if not text.startswith(_PRIVATE_PREFIX):
             raise NoteError("signer key must start with PRIVATE+KEY+")
-        parts = text[len(_PRIVATE_PREFIX) :].split("+", 2)
-        if len(parts) != 3:
-            raise NoteError(
-                "signer key must look like PRIVATE+KEY+<name>+<hex8 key ID>+<base64 key>"
-            )
-        name, hex8, b64 = parts
-        _check_name(name)
-        want_id = _parse_key_id(hex8)
-        try:
-            raw = _b64decode(b64)
-        except (binascii.Error, ValueError):
-            raise NoteError("signer key material is not valid base64") from None
-        if len(raw) != 33 or raw[0] != ALG_ED25519:
-            raise NoteError("signer key is not an Ed25519 key (0x01 followed by 32 bytes)")
-        signer = cls.from_seed(name, raw[1:])
+        name, want_id, seed = split_key_text(text[len(_PRIVATE_PREFIX) :], "signer key",
+                                             ALG_ED25519, "an Ed25519 key", _PRIVATE_PREFIX)
+        signer = cls.from_seed(name, seed)
         if signer.key_id != want_id:
-            raise NoteError(f"signer key ID {hex8} does not match the name and key")
+            raise NoteError(f"signer key ID {want_id:08x} does not match the name and key")
         return signer
 
     def to_text(self) -> str:
