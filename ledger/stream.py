@@ -27,6 +27,7 @@ from array import array
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,6 +70,9 @@ class FileIndex:
     spool_at: array[int] = field(default_factory=lambda: array("q"))
     row_len: array[int] = field(default_factory=lambda: array("I"))
     body_len: array[int] = field(default_factory=lambda: array("I"))
+    #: ``keys`` as plain tuples while the index crosses a worker's pipe (see
+    #: :func:`index_range`); None everywhere else.
+    plain_keys: list[tuple[Any, ...]] | None = None
 
     def error(self, e: RecordError) -> None:
         """Keep ``e`` (up to :data:`MAX_ERRORS`) and count it."""
@@ -152,11 +156,28 @@ def index_range(
 
     ``first_line`` is the number of the line at ``start``. Every valid line is kept, even
     a repeated event id (the caller's merge decides, in file order); rows and bodies go to
-    a new file at ``spool_path``. The returned index holds no open file.
+    a new file at ``spool_path``. The returned index holds no open file, and its keys as
+    ``plain_keys`` (plain tuples, cheap to send back; the parent makes them OrderKeys).
     """
     with open(path, "rb") as fh, open(spool_path, "wb+") as spool:
         part = _scan(Path(path), fh, start, end, first_line, now, spool, projected_kinds, None)
     part.spool = None
+    # A named tuple is pickled and unpickled through Python code, one call a key; a plain
+    # tuple is not: the keys travel plain and become OrderKeys again in the parent.
+    part.plain_keys = list(map(tuple, part.keys))
+    part.keys = []
+    return part
+
+
+#: Builds an :class:`OrderKey` from a plain tuple of its fields without Python code a key.
+_order_key_of = partial(tuple.__new__, OrderKey)
+
+
+def _restore_keys(part: FileIndex) -> FileIndex:
+    """``part`` with the keys :func:`index_range` sent as plain tuples made OrderKeys again."""
+    if part.plain_keys is not None:
+        part.keys = list(map(_order_key_of, part.plain_keys))
+        part.plain_keys = None
     return part
 
 
@@ -334,7 +355,7 @@ def _index_parallel(
                 submit()
             done_bytes = 0
             for i, (start, end, _) in enumerate(ranges):
-                part = pool[i % len(pool)].result()
+                part = _restore_keys(pool[i % len(pool)].result())
                 submit()
                 parts.append((part, open(names[i], "rb")))  # noqa: SIM115 (closed below)
                 done_bytes += end - start
