@@ -38,7 +38,13 @@ from ledger.ids import is_producer_event_id
 from ledger.models import Contract
 from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
 from ledger.records import OrderKey, Record, RecordError
-from ledger.stream import FileIndex, index_file, read_records, read_spooled
+from ledger.stream import (
+    FileIndex,
+    collector_paused,
+    index_file,
+    read_records,
+    read_spooled,
+)
 
 
 @dataclass(slots=True)
@@ -269,7 +275,7 @@ def ingest_batch(
     ``progress`` is called with the number of records handled after each chunk.
     """
     if isinstance(batch, FileBatch):
-        with tempfile.TemporaryFile(prefix="yoco-ingest-") as spool:
+        with collector_paused(), tempfile.TemporaryFile(prefix="yoco-ingest-") as spool:
             return _ingest_spooled(unit, batch, spool, projectors, before_write, progress)
     prepared = prepare_batch(batch.objs, batch.what, batch.now)
     if prepared.errors:

@@ -103,3 +103,23 @@ def test_parallel_validation_gives_the_same_index_errors_and_rows(
         assert _spooled(split)[0] == _spooled(alone)[0] == want.tails
         bodies = [(i, r.occurred_at, r.body) for i, r in enumerate(records) if r.kind in PROJECTED]
         assert _spooled(split)[1] == _spooled(alone)[1] == bodies
+
+
+def test_the_collector_is_paused_only_for_the_block_and_put_back_as_it_was() -> None:
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with stream.collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        with pytest.raises(RuntimeError), stream.collector_paused():
+            raise RuntimeError("refused")
+        assert gc.isenabled()
+        gc.disable()
+        with stream.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        (gc.enable if was else gc.disable)()
