@@ -398,10 +398,15 @@ def ingest_stream(
 #: :func:`ledger.bulk.index_probes`, is one probe of the unique index an id: its cost
 #: grows with the ids, never with the journal, and no statistics can turn it into a scan
 #: (ledger.bulk.probe). The array is parsed once, by the function scan, not once a row.
+#: The ids are probed in sorted order: consecutive probes then descend to neighbouring
+#: pages of the index instead of random ones.
 EXISTING_SQL = (
-    "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
+    "SELECT q.id::text, j.canonical "
+    "FROM (SELECT u.id FROM unnest(%s::uuid[]) AS u(id) ORDER BY u.id) AS q "
     "JOIN journal_entries j ON j.event_id = q.id"
 )
+
+
 def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
     """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 
