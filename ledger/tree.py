@@ -27,7 +27,7 @@ _NODE_FIELDS = struct.Struct(">ihiqi32s")
 # statistics. A plain join let the planner, told by the statistics that a log was small
 # (a log created or grown since the last ANALYZE), read every node of the log once per
 # lookup: an ingest's appends then grew with the nodes written so far in its own
-# transaction (issue 25).
+# transaction.
 _LOAD_NODES_SQL = (
     "SELECT w.level, w.idx, n.hash FROM unnest(%s::int2[], %s::int8[]) AS w(level, idx) "
     "CROSS JOIN LATERAL (SELECT m.hash FROM merkle_nodes AS m WHERE m.log_id = %s "

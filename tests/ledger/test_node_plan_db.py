@@ -1,4 +1,4 @@
-"""Merkle node lookups probe the primary key, whatever the statistics say (issue 25).
+"""Merkle node lookups probe the primary key, whatever the statistics say.
 
 Every append reads the frontier of its log (:func:`ledger.tree.append_leaves` through
 :func:`ledger.tree.load_nodes`), and so does every root and proof. Written as a join of the
