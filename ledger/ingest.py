@@ -38,7 +38,13 @@ from ledger.ids import is_producer_event_id
 from ledger.models import Contract
 from ledger.prepare import PreparedBatch, Problem, order_problems, prepare_batch, prepare_records
 from ledger.records import OrderKey, Record, RecordError
-from ledger.stream import FileIndex, index_file, read_records, read_spooled
+from ledger.stream import (
+    FileIndex,
+    collector_paused,
+    index_file,
+    read_records,
+    read_spooled,
+)
 
 
 @dataclass(slots=True)
@@ -269,7 +275,7 @@ def ingest_batch(
     ``progress`` is called with the number of records handled after each chunk.
     """
     if isinstance(batch, FileBatch):
-        with tempfile.TemporaryFile(prefix="yoco-ingest-") as spool:
+        with collector_paused(), tempfile.TemporaryFile(prefix="yoco-ingest-") as spool:
             return _ingest_spooled(unit, batch, spool, projectors, before_write, progress)
     prepared = prepare_batch(batch.objs, batch.what, batch.now)
     if prepared.errors:
@@ -392,10 +398,15 @@ def ingest_stream(
 #: :func:`ledger.bulk.index_probes`, is one probe of the unique index an id: its cost
 #: grows with the ids, never with the journal, and no statistics can turn it into a scan
 #: (ledger.bulk.probe). The array is parsed once, by the function scan, not once a row.
+#: The ids are probed in sorted order: consecutive probes then descend to neighbouring
+#: pages of the index instead of random ones.
 EXISTING_SQL = (
-    "SELECT q.id::text, j.canonical FROM unnest(%s::uuid[]) AS q(id) "
+    "SELECT q.id::text, j.canonical "
+    "FROM (SELECT u.id FROM unnest(%s::uuid[]) AS u(id) ORDER BY u.id) AS q "
     "JOIN journal_entries j ON j.event_id = q.id"
 )
+
+
 def existing_leaves(session: Session, event_ids: Sequence[str]) -> dict[str, bytes]:
     """Leaf hashes of the canonical bytes of the entries already stored under ``event_ids``.
 

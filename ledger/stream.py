@@ -19,14 +19,17 @@ what was validated, even if the file changes meanwhile.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import shutil
 import tempfile
 from array import array
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,7 +40,14 @@ from ledger.merkle import leaf_hash
 from ledger.records import OrderKey, Record, RecordError, order_key
 from yoco_records.schema import _line_error, validate_record
 
-__all__ = ["FileIndex", "Spooled", "index_file", "read_records", "read_spooled"]
+__all__ = [
+    "FileIndex",
+    "Spooled",
+    "collector_paused",
+    "index_file",
+    "read_records",
+    "read_spooled",
+]
 
 #: At most this many errors are kept (the rest are counted): a wholly wrong file must
 #: not cost more memory than a right one.
@@ -69,12 +79,33 @@ class FileIndex:
     spool_at: array[int] = field(default_factory=lambda: array("q"))
     row_len: array[int] = field(default_factory=lambda: array("I"))
     body_len: array[int] = field(default_factory=lambda: array("I"))
+    #: ``keys`` as plain tuples while the index crosses a worker's pipe (see
+    #: :func:`index_range`); None everywhere else.
+    plain_keys: list[tuple[Any, ...]] | None = None
 
     def error(self, e: RecordError) -> None:
         """Keep ``e`` (up to :data:`MAX_ERRORS`) and count it."""
         self.error_count += 1
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(e)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block with Python's cyclic garbage collector off; put it back as it was.
+
+    A file's index is millions of small acyclic objects (keys, leaf hashes, offsets)
+    built at once, and each pass of the collector walked every one of them, finding
+    nothing to free. Objects are still freed by reference counting meanwhile; any
+    reference cycle made in the block is collected once the collector is back on.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def _intern(table: dict[str, str], value: str | None) -> str | None:
@@ -152,11 +183,28 @@ def index_range(
 
     ``first_line`` is the number of the line at ``start``. Every valid line is kept, even
     a repeated event id (the caller's merge decides, in file order); rows and bodies go to
-    a new file at ``spool_path``. The returned index holds no open file.
+    a new file at ``spool_path``. The returned index holds no open file, and its keys as
+    ``plain_keys`` (plain tuples, cheap to send back; the parent makes them OrderKeys).
     """
-    with open(path, "rb") as fh, open(spool_path, "wb+") as spool:
+    with collector_paused(), open(path, "rb") as fh, open(spool_path, "wb+") as spool:
         part = _scan(Path(path), fh, start, end, first_line, now, spool, projected_kinds, None)
     part.spool = None
+    # A named tuple is pickled and unpickled through Python code, one call a key; a plain
+    # tuple is not: the keys travel plain and become OrderKeys again in the parent.
+    part.plain_keys = list(map(tuple, part.keys))
+    part.keys = []
+    return part
+
+
+#: Builds an :class:`OrderKey` from a plain tuple of its fields without Python code a key.
+_order_key_of = partial(tuple.__new__, OrderKey)
+
+
+def _restore_keys(part: FileIndex) -> FileIndex:
+    """``part`` with the keys :func:`index_range` sent as plain tuples made OrderKeys again."""
+    if part.plain_keys is not None:
+        part.keys = list(map(_order_key_of, part.plain_keys))
+        part.plain_keys = None
     return part
 
 
@@ -334,7 +382,7 @@ def _index_parallel(
                 submit()
             done_bytes = 0
             for i, (start, end, _) in enumerate(ranges):
-                part = pool[i % len(pool)].result()
+                part = _restore_keys(pool[i % len(pool)].result())
                 submit()
                 parts.append((part, open(names[i], "rb")))  # noqa: SIM115 (closed below)
                 done_bytes += end - start

@@ -21,11 +21,17 @@ NODE_TYPES = ("text", "int2", "int8", "bytea")
 _NODE_FIELDS = struct.Struct(">ihiqi32s")
 
 # The wanted coordinates travel as two arrays, so the statement's text is the same for
-# every proof (the driver prepares it once) and the server probes the primary key once
-# per node; an IN list of row values was a new statement per list length.
+# every proof (the driver prepares it once). Each coordinate is looked up by a LATERAL
+# subquery with a LIMIT, which the planner cannot flatten into a join: its only index
+# path is the primary key with all three columns, one probe a node, whatever the
+# statistics. A plain join let the planner, told by the statistics that a log was small
+# (a log created or grown since the last ANALYZE), read every node of the log once per
+# lookup: an ingest's appends then grew with the nodes written so far in its own
+# transaction.
 _LOAD_NODES_SQL = (
-    "SELECT n.level, n.idx, n.hash FROM unnest(%s::int2[], %s::int8[]) AS w(level, idx) "
-    "JOIN merkle_nodes AS n ON n.log_id = %s AND n.level = w.level AND n.idx = w.idx"
+    "SELECT w.level, w.idx, n.hash FROM unnest(%s::int2[], %s::int8[]) AS w(level, idx) "
+    "CROSS JOIN LATERAL (SELECT m.hash FROM merkle_nodes AS m WHERE m.log_id = %s "
+    "AND m.level = w.level AND m.idx = w.idx LIMIT 1) AS n"
 )
 
 

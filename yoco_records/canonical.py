@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from decimal import Decimal
 from json.encoder import encode_basestring as _quote
 from typing import Any
@@ -181,6 +182,77 @@ def _not_utf8(s: str) -> bool:
     return False
 
 
+class _DecoderState(threading.local):
+    """A thread's strict decoder and whether its last parse met a value to refuse.
+
+    ``json.loads`` with hooks builds a new decoder (and its scanner) on every call, which
+    cost more than the parse of a short record line; one decoder a thread is built once.
+    The hooks flag what they refuse here, so a clean line is never walked twice.
+    """
+
+    found_bad: bool = False
+    decoder: json.JSONDecoder | None = None
+
+
+_STATE = _DecoderState()
+
+
+def _flag(item: _Bad) -> _Bad:
+    _STATE.found_bad = True
+    return item
+
+
+def _on_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                _STATE.found_bad = True
+                return _BadObject(pairs, key)
+            seen.add(key)
+    return obj
+
+
+def _on_int(digits: str) -> int | _Bad:
+    if len(digits.lstrip("-")) <= 16:
+        value = int(digits)
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return value
+    return _flag(_Bad(f"integer {_clip(digits)} is outside ±(2^53−1), the exact range of JSON"))
+
+
+def _on_float(digits: str) -> float | _Bad:
+    value = float(digits)
+    if math.isinf(value):
+        return _flag(_Bad(f"number {_clip(digits)} is too large for a double"))
+    if _INEXACT_LOW <= abs(value) < _INEXACT_HIGH:
+        return _flag(
+            _Bad(
+                f"number {_clip(digits)} is beyond ±(2^53−1): its canonical form would be an "
+                "integer outside the exact range of JSON"
+            )
+        )
+    return value
+
+
+def _on_constant(name: str) -> _Bad:
+    return _flag(_Bad(f"{name} is not a JSON number"))
+
+
+def _decoder() -> json.JSONDecoder:
+    """This thread's strict decoder (built on its first use)."""
+    decoder = _STATE.decoder
+    if decoder is None:
+        decoder = _STATE.decoder = json.JSONDecoder(
+            object_pairs_hook=_on_pairs,
+            parse_int=_on_int,
+            parse_float=_on_float,
+            parse_constant=_on_constant,
+        )
+    return decoder
+
+
 def parse_json_strict(text: str | bytes) -> Any:
     """Parse one JSON text (RFC 8259) strictly and return its value.
 
@@ -215,56 +287,10 @@ def parse_json_strict(text: str | bytes) -> Any:
     else:
         raise TypeError(f"parse_json_strict needs str or bytes, not {type(text).__name__}")
 
-    found_bad = False
-
-    def on_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal found_bad
-        obj = dict(pairs)
-        if len(obj) != len(pairs):
-            seen: set[str] = set()
-            for key, _ in pairs:
-                if key in seen:
-                    found_bad = True
-                    return _BadObject(pairs, key)
-                seen.add(key)
-        return obj
-
-    def on_int(digits: str) -> int | _Bad:
-        nonlocal found_bad
-        if len(digits.lstrip("-")) <= 16:
-            value = int(digits)
-            if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-                return value
-        found_bad = True
-        return _Bad(f"integer {_clip(digits)} is outside ±(2^53−1), the exact range of JSON")
-
-    def on_float(digits: str) -> float | _Bad:
-        nonlocal found_bad
-        value = float(digits)
-        if math.isinf(value):
-            found_bad = True
-            return _Bad(f"number {_clip(digits)} is too large for a double")
-        if _INEXACT_LOW <= abs(value) < _INEXACT_HIGH:
-            found_bad = True
-            return _Bad(
-                f"number {_clip(digits)} is beyond ±(2^53−1): its canonical form would be an "
-                "integer outside the exact range of JSON"
-            )
-        return value
-
-    def on_constant(name: str) -> _Bad:
-        nonlocal found_bad
-        found_bad = True
-        return _Bad(f"{name} is not a JSON number")
-
+    decoder = _decoder()
+    _STATE.found_bad = False
     try:
-        value = json.loads(
-            s,
-            object_pairs_hook=on_pairs,
-            parse_int=on_int,
-            parse_float=on_float,
-            parse_constant=on_constant,
-        )
+        value = decoder.decode(s)
     except json.JSONDecodeError as exc:
         # Some of Python's messages end in "at" ("Unterminated string starting at"),
         # written for its own ": line 1 column 7 (char 6)"; the position is added by
@@ -277,7 +303,7 @@ def parse_json_strict(text: str | bytes) -> Any:
         raise JsonInputError("invalid JSON: nesting too deep") from None
 
     check_strings = _SURROGATE_ESCAPE.search(s) is not None
-    if found_bad or check_strings:
+    if _STATE.found_bad or check_strings:
         for parts, item in _walk(value):
             if isinstance(item, _BadObject):
                 _raise_at((*parts, item.key), f"duplicate key {item.key!r}")

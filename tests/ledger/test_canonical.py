@@ -416,3 +416,44 @@ def test_decimal_of_refuses_bool_nan_and_non_numbers() -> None:
         decimal_of(math.nan)
     with pytest.raises(ValueError):
         decimal_of(math.inf)
+
+
+def test_a_refused_value_does_not_leak_into_the_next_parse() -> None:
+    # The decoder is built once a thread and its hooks flag refused values in the
+    # thread's state, reset at every call: a clean text after a refused one is clean.
+    assert "duplicate key" in str(refused('{"a": 1, "a": 2}'))
+    assert parse_json_strict('{"a": 1, "b": [1.5, 2]}') == {"a": 1, "b": [1.5, 2]}
+    assert "NaN" in str(refused("[NaN]"))
+    assert parse_json_strict("[1]") == [1]
+    with pytest.raises(JsonInputError):
+        parse_json_strict("[")  # a syntax error midway through
+    assert parse_json_strict('{"x": {"y": 2}}') == {"x": {"y": 2}}
+
+
+def test_threads_parsing_at_once_each_get_their_own_verdicts() -> None:
+    import threading
+
+    texts = [
+        (f'{{"n": {i}}}', {"n": i}) if i % 3 else (f'{{"n": {i}, "n": 0}}', None)
+        for i in range(3000)
+    ]
+    wrong: list[str] = []
+
+    def work(offset: int) -> None:
+        for k in range(len(texts)):
+            text, want = texts[(k + offset) % len(texts)]
+            try:
+                got = parse_json_strict(text)
+            except JsonInputError as exc:
+                if want is not None or "duplicate key 'n'" not in str(exc):
+                    wrong.append(f"{text}: {exc}")
+                continue
+            if got != want:
+                wrong.append(f"{text}: {got!r}")
+
+    threads = [threading.Thread(target=work, args=(n * 7,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

@@ -21,7 +21,7 @@ import ledger.stream as stream
 from billing.projections import KINDS as BILLING_KINDS
 from ledger.journal import encode_entries
 from ledger.projections import KINDS
-from ledger.records import parse_jsonl
+from ledger.records import OrderKey, parse_jsonl
 from ledger.stream import index_file, read_spooled
 from tests import factories as f
 
@@ -87,6 +87,10 @@ def test_parallel_validation_gives_the_same_index_errors_and_rows(
             r.line for r in records
         ]
         assert split.keys == alone.keys and split.leaves == alone.leaves
+        # The keys cross the workers' pipes as plain tuples; they come back OrderKeys
+        # (the append pass reads them by name).
+        assert {type(k) for k in split.keys} == {OrderKey} and split.plain_keys is None
+        assert [k.event_id for k in split.keys] == [r.event_id for r in records]
         assert split.offsets == alone.offsets
         assert [str(e) for e in split.errors] == [str(e) for e in alone.errors] == [
             str(e) for e in errors
@@ -99,3 +103,23 @@ def test_parallel_validation_gives_the_same_index_errors_and_rows(
         assert _spooled(split)[0] == _spooled(alone)[0] == want.tails
         bodies = [(i, r.occurred_at, r.body) for i, r in enumerate(records) if r.kind in PROJECTED]
         assert _spooled(split)[1] == _spooled(alone)[1] == bodies
+
+
+def test_the_collector_is_paused_only_for_the_block_and_put_back_as_it_was() -> None:
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with stream.collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        with pytest.raises(RuntimeError), stream.collector_paused():
+            raise RuntimeError("refused")
+        assert gc.isenabled()
+        gc.disable()
+        with stream.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        (gc.enable if was else gc.disable)()
