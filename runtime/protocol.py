@@ -51,6 +51,22 @@ KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
 KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the benchmark)
+# Transparent mode (runtime.transparent): set by a worker whose script's state the runtime
+# cannot discover (value: why); the supervisor then recovers by rollback, never live.
+KEY_NO_LIVE_STATE = "transparent/no_live_state"
+
+
+def transparent_rng_key(rank: int, slot: int) -> str:
+    """Transparent mode: rank ``rank``'s RNG states at a step boundary, in one of two
+    alternating slots (``slot`` 0 or 1), as ``pickle((step, states))``."""
+    return f"transparent/rng/{rank}/{slot}"
+
+
+def transparent_at_key(gen: int) -> str:
+    """Transparent mode: where the survivors of a failure are in their scripts (JSON
+    ``{calls, pos}``) when they join generation ``gen``: a replacement in a rollback is
+    placed there (the survivors' data is not rewound)."""
+    return f"transparent/at/{gen}"
 
 
 # ----------------------------------------------------------------- node agents

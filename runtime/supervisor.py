@@ -699,6 +699,8 @@ class Supervisor:
             return
         survivors = [m for m in self.members if m not in dead and self._alive(m)]
         holders = [m for m in survivors if m in self.holders]
+        if self.store.check([P.KEY_NO_LIVE_STATE]):
+            holders = []  # transparent mode, state not discoverable: rollback only
         if self.cfg.shards > 1:
             self._recover_sharded(rec, dead, holders)
             return
