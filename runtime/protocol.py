@@ -51,9 +51,11 @@ KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
 KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the benchmark)
-# Transparent mode (runtime.transparent): set by a worker whose script's state the runtime
-# cannot discover (value: why); the supervisor then recovers by rollback, never live.
-KEY_NO_LIVE_STATE = "transparent/no_live_state"
+# Transparent mode (runtime.transparent): set by every worker when it joins. Value "live", or
+# "rollback: WHY" when the script's state is not discoverable: the supervisor then recovers
+# by rollback only. Either way a rollback's survivors cannot run their interrupted step
+# again (the script has moved past its batch): that batch is lost too (one more lost step).
+KEY_TRANSPARENT = "transparent/mode"
 
 
 def transparent_rng_key(rank: int, slot: int) -> str:

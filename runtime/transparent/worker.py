@@ -208,6 +208,7 @@ class Transparent:
         self._rng_pubs = 0
         self._t_commit = time.perf_counter()
         self._finished = False
+        self._ckpt_pending = False  # the last commit's checkpoint is not decided yet
 
     # ------------------------------------------------------------- process group
     def init_process_group(self, *_args: Any, **_kwargs: Any) -> None:
@@ -383,7 +384,8 @@ class Transparent:
         if at_step:
             self.undiscoverable = "no DataLoader with a DistributedSampler before the " \
                 "first optimizer step (a custom iterator)"
-            m.store.set(P.KEY_NO_LIVE_STATE, self.undiscoverable)
+        m.store.set(P.KEY_TRANSPARENT, "live" if self.undiscoverable is None
+                    else f"rollback: {self.undiscoverable}")
         job._join(0)
         plan = m.plan(job.gen)
         if job.rank != self.rank or job.world_size != self.world:
@@ -475,8 +477,15 @@ class Transparent:
         job = self.job
         assert job is not None and job._m is not None
         m = job._m
-        self._publish_rng(job.step + 1)
+        self._checkpoint_if_due()
         backup = self._gradients_in_buffers()
+        if job._move_seen:  # a move (drain, warning) agreed at the last commit
+            job._move_seen = False
+            job._join(job.gen + 1)  # a drained rank sends its state and leaves in here
+            for flat, saved in zip(job._reducer.flat, backup, strict=True):
+                flat.copy_(saved)
+            self._begin()
+        self._publish_rng(job.step + 1)
         committed = job.step
         while True:
             try:
@@ -507,13 +516,28 @@ class Transparent:
         job.step += 1
         self.position.committed = self.position_now()
         now = time.perf_counter()
-        job._after_commit(now - self._t_commit)
+        # Checkpoints and moves wait for the next boundary (_checkpoint_if_due, the move
+        # above): the script steps its scheduler after this returns, and the state they
+        # carry must be the one a replacement continues from.
+        ckpt, job._ckpt = job._ckpt, None
+        try:
+            job._after_commit(now - self._t_commit)
+        finally:
+            job._ckpt = ckpt
         self._t_commit = now
-        if job._move_seen:
-            job._move_seen = False
-            job._join(job.gen + 1)
+        self._ckpt_pending = True
         self._begin()
         return loss
+
+    def _checkpoint_if_due(self) -> None:
+        """The checkpoint of the last committed step, if one is due (see :meth:`on_step`)."""
+        job = self.job
+        assert job is not None
+        if not self._ckpt_pending:
+            return
+        self._ckpt_pending = False
+        if job._ckpt is not None and job.rank == 0 and job._ckpt.due(job.step):
+            job._ckpt.submit(job.state_dict(), job.step, attempt=job.gen)
 
     def _gradients_in_buffers(self) -> list[torch.Tensor]:
         """Make every gradient a view into the reducer's flat buffers (copying what the
@@ -584,6 +608,7 @@ class Transparent:
         if self._finished or job is None or job._m is None:
             return
         self._finished = True
+        self._checkpoint_if_due()
         m = job._m
         assert job._faults is not None
         while True:
@@ -638,11 +663,11 @@ def install() -> Transparent:
 
     def scheduler_init(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
         sched_init(self, *args, **kwargs)  # its first step() runs in there: never skipped
-        self._yoco_ready = True  # type: ignore[attr-defined]
         rt.add_scheduler(self)
 
     def scheduler_step(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
-        if getattr(self, "_yoco_ready", False) and not rt.scheduler_step_allowed():
+        # Not an attribute of the scheduler: its state_dict() is its whole __dict__.
+        if any(s is self for s in rt.schedulers) and not rt.scheduler_step_allowed():
             return
         sched_step(self, *args, **kwargs)
 
