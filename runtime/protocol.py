@@ -60,7 +60,7 @@ KEY_TRANSPARENT = "transparent/mode"
 
 def transparent_rng_key(rank: int, slot: int) -> str:
     """Transparent mode: rank ``rank``'s RNG states at a step boundary, in one of two
-    alternating slots (``slot`` 0 or 1), as ``pickle((step, states))``."""
+    alternating slots (``slot`` 0 or 1), as JSON (runtime.transparent.worker)."""
     return f"transparent/rng/{rank}/{slot}"
 
 

@@ -30,11 +30,11 @@ what this discovers, what it cannot, and what then happens (rollback).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
 import os
-import pickle
 import random
 import sys
 import time
@@ -155,6 +155,38 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["random"])
     if "cuda" in states:
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _encode_rng(boundary: int, states: dict[str, Any]) -> str:
+    """JSON (no pickle: the store is not trusted to hand back code) of RNG states."""
+    def b64(t: torch.Tensor) -> str:
+        return base64.b64encode(t.numpy().tobytes()).decode()
+
+    version, internal, gauss = states["random"]
+    return json.dumps({"boundary": boundary, "torch": b64(states["torch"]),
+                       "random": [version, list(internal), gauss],
+                       "cuda": [b64(t) for t in states.get("cuda", [])]
+                       if "cuda" in states else None})
+
+
+def _decode_rng(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """Inverse of :func:`_encode_rng`; ValueError on anything else."""
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)),
+                                dtype=torch.uint8).clone()
+
+    try:
+        data = json.loads(raw)
+        version, internal, gauss = data["random"]
+        states: dict[str, Any] = {
+            "torch": tensor(data["torch"]),
+            "random": (int(version), tuple(int(x) for x in internal),
+                       None if gauss is None else float(gauss))}
+        if data["cuda"] is not None:
+            states["cuda"] = [tensor(t) for t in data["cuda"]]
+        return int(data["boundary"]), states
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed RNG state in the store: {exc}") from None
 
 
 def _same_rng(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
@@ -425,7 +457,7 @@ class Transparent:
         for slot in (0, 1):
             key = P.transparent_rng_key(rank, slot)
             if store.check([key]):
-                at, states = pickle.loads(store.get(key))
+                at, states = _decode_rng(store.get(key))
                 if at <= step and (best is None or at > best[0]):
                     best = (at, states)
         return best[1] if best is not None else None
@@ -440,7 +472,7 @@ class Transparent:
             return
         assert self.job is not None and self.job._m is not None
         self.job._m.store.set(P.transparent_rng_key(self.rank, self._rng_pubs % 2),
-                              pickle.dumps((boundary, states)))
+                              _encode_rng(boundary, states))
         self._rng_pubs += 1
         self._rng_published = states
 
@@ -646,8 +678,9 @@ def install() -> Transparent:
                  "reduce_scatter", "send", "recv", "all_gather_object",
                  "broadcast_object_list"):
         setattr(dist, name, rt.unsupported(name))
-    torch.nn.parallel.DistributedDataParallel = ElasticDDP  # type: ignore[misc]
-    torch.nn.parallel.distributed.DistributedDataParallel = ElasticDDP  # type: ignore[misc]
+    torch.nn.parallel.DistributedDataParallel = ElasticDDP  # type: ignore[misc,assignment]
+    torch.nn.parallel.distributed.DistributedDataParallel = (  # type: ignore[misc]
+        ElasticDDP)  # type: ignore[assignment]
 
     opt_init = torch.optim.Optimizer.__init__
 
@@ -685,7 +718,7 @@ def install() -> Transparent:
             return loader_iter(self)
         return rt.iterate(self, loader_iter)
 
-    DataLoader.__iter__ = iterate  # type: ignore[method-assign,assignment]
+    DataLoader.__iter__ = iterate  # type: ignore[method-assign]
     return rt
 
 
