@@ -74,9 +74,13 @@ class ElasticDDP(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, *_args: Any, **_kwargs: Any) -> None:
         super().__init__()
         self.module = module
+        self.syncing = True  # False inside no_sync()
         rt = current()
         if rt is not None:
             rt.modules.append(self)
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _p: rt.grad_ready(self))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module."""
@@ -84,9 +88,13 @@ class ElasticDDP(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """DDP's ``no_sync``: nothing is reduced during backward here anyway (one reduction
-        per optimizer step), so it changes nothing."""
-        yield
+        """DDP's ``no_sync``: the backward passes inside it are not averaged (the
+        gradients accumulate locally until a backward pass outside it)."""
+        before, self.syncing = self.syncing, False
+        try:
+            yield
+        finally:
+            self.syncing = before
 
 
 class _Schedulers:
@@ -241,6 +249,10 @@ class Transparent:
         self._t_commit = time.perf_counter()
         self._finished = False
         self._ckpt_pending = False  # the last commit's checkpoint is not decided yet
+        self._reduced = False  # the gradients of the step in flight are averaged
+        self._absorbing = False  # the step in flight will not be taken (on_backward_end)
+        self._backward_queued = False
+        self._rng_boundary = -1
 
     # ------------------------------------------------------------- process group
     def init_process_group(self, *_args: Any, **_kwargs: Any) -> None:
@@ -317,6 +329,20 @@ class Transparent:
     def add_scheduler(self, sched: Any) -> None:
         """Register an LR scheduler the script built."""
         self.schedulers.append(sched)
+
+    def grad_ready(self, ddp: ElasticDDP) -> None:
+        """A gradient of ``ddp``'s module was accumulated: at the first one of a backward
+        pass (outside ``no_sync``), have :meth:`on_backward_end` run when it ends (DDP's
+        own mechanism: a callback queued on the autograd engine)."""
+        if self._backward_queued or not ddp.syncing:
+            return
+        self._backward_queued = True
+
+        def ended() -> None:
+            self._backward_queued = False
+            self.on_backward_end()
+
+        torch.autograd.Variable._execution_engine.queue_callback(ended)
 
     def scheduler_step_allowed(self) -> bool:
         """False (once per absorbed optimizer step) when the script's next
@@ -471,9 +497,13 @@ class Transparent:
         if _same_rng(self._rng_published, states):
             return
         assert self.job is not None and self.job._m is not None
+        if boundary != self._rng_boundary:  # a new boundary: the other slot
+            self._rng_pubs += 1
+            self._rng_boundary = boundary
+        # (Several backward passes of one step publish the same boundary: the same slot,
+        # so the two slots always hold the last two boundaries published.)
         self.job._m.store.set(P.transparent_rng_key(self.rank, self._rng_pubs % 2),
                               _encode_rng(boundary, states))
-        self._rng_pubs += 1
         self._rng_published = states
 
     def _begin(self) -> None:
@@ -491,21 +521,24 @@ class Transparent:
                 job._move_seen = True
 
     # ------------------------------------------------------------- the step boundary
-    def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
-        """The script's ``optimizer.step()``: reduce, commit, recover."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.calls += 1
-        if not self.managed:
-            self.raw_steps[id(opt)]()
-            return loss
+    def on_backward_end(self) -> None:
+        """The end of a backward pass through the DDP module (outside ``no_sync``): average
+        the gradients over the group now, as DDP does, so that what the script does with
+        them before ``optimizer.step()`` (clipping, logging a norm) sees the averaged
+        gradient. A failure while they are in flight: the new group forms (a replacement
+        receives the committed state) and this rank's own gradient, kept aside, is reduced
+        again in it; after a rollback (or a newer state received) the step is absorbed."""
+        if not self.managed or self._absorbing:
+            return
+        with torch.no_grad():  # (a transfer or rollback may load into the parameters)
+            self._reduce_now()
+
+    def _reduce_now(self) -> None:
         if self.job is None:
             if self.replay_to is None:
                 self._first_step_without_loader()
             if self.replay_to is not None:
-                return self._replay(loss)
+                return  # replaying: nothing is reduced
         job = self.job
         assert job is not None and job._m is not None
         m = job._m
@@ -513,7 +546,7 @@ class Transparent:
         backup = self._gradients_in_buffers()
         if job._move_seen:  # a move (drain, warning) agreed at the last commit
             job._move_seen = False
-            job._join(job.gen + 1)  # a drained rank sends its state and leaves in here
+            job._join(job.gen + 1)  # a drained rank sends its state and leaves here
             for flat, saved in zip(job._reducer.flat, backup, strict=True):
                 flat.copy_(saved)
             self._begin()
@@ -522,35 +555,63 @@ class Transparent:
         while True:
             try:
                 m.event("body_end")
+                job._reduced = False
+                job._abandoned = None
                 job._reduce()
                 job._complete_transfer()
                 break
             except GenerationChanged as changed:
                 m.event("void")
                 m.store.set(P.transparent_at_key(changed.gen), json.dumps(
-                    {"calls": self.calls, "pos": self.position_now()}))
+                    {"calls": self.calls + 1, "pos": self.position_now()}))
                 job._join(changed.gen)
                 if job.rank != self.rank:
-                    raise TransparentError(f"{self.slot} moved from rank {self.rank} to "
-                                           f"{job.rank}") from None
+                    raise TransparentError(f"{self.slot} moved from rank {self.rank} "
+                                           f"to {job.rank}") from None
                 if job.step != committed or m.plan(job.gen).mode.from_checkpoint:
-                    # The state came in newer (this rank was a step behind) or was rolled
-                    # back: this call's update is not taken, nor the scheduler step after.
-                    self.position.committed = self.position_now()
-                    self.skip_sched += 1
-                    self._begin()
-                    return loss
+                    # The state came in newer (this rank was a step behind) or was
+                    # rolled back: this step's update is not taken (nor the scheduler
+                    # step after it); its gradients are zeroed, whatever the script
+                    # still does with them.
+                    for flat in job._reducer.flat:
+                        flat.zero_()
+                    self._absorbing = True
+                    return
                 for flat, saved in zip(job._reducer.flat, backup, strict=True):
-                    flat.copy_(saved)  # this rank's gradient, unreduced, into the new group
-                job._reduced = False
-                job._abandoned = None
+                    flat.copy_(saved)  # this rank's own gradient, into the new group
+        self._reduced = True
+
+    def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+        """The script's ``optimizer.step()``: the update and the commit (the gradients were
+        averaged at the end of the backward pass, :meth:`on_backward_end`)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.managed:
+            self.calls += 1
+            self.raw_steps[id(opt)]()
+            return loss
+        if self.job is None and self.replay_to is None:
+            self._first_step_without_loader()
+        self.calls += 1
+        if self.replay_to is not None:
+            return self._replay(loss)
+        job = self.job
+        assert job is not None and job._m is not None
+        if not self._reduced and not self._absorbing:
+            self.on_backward_end()  # no backward through the DDP module since the last step
+        if self._absorbing:
+            return self._absorb(loss)
+        job._complete_transfer()
         job._optimizer_step()
         job.step += 1
+        self._reduced = False
         self.position.committed = self.position_now()
         now = time.perf_counter()
-        # Checkpoints and moves wait for the next boundary (_checkpoint_if_due, the move
-        # above): the script steps its scheduler after this returns, and the state they
-        # carry must be the one a replacement continues from.
+        # Checkpoints and moves wait for the next boundary (_checkpoint_if_due, the move in
+        # on_backward_end): the script steps its scheduler after this returns, and the
+        # state they carry must be the one a replacement continues from.
         ckpt, job._ckpt = job._ckpt, None
         try:
             job._after_commit(now - self._t_commit)
@@ -558,6 +619,14 @@ class Transparent:
             job._ckpt = ckpt
         self._t_commit = now
         self._ckpt_pending = True
+        self._begin()
+        return loss
+
+    def _absorb(self, loss: Any) -> Any:
+        """This optimizer step is not taken (see :meth:`on_backward_end`)."""
+        self._absorbing = False
+        self.position.committed = self.position_now()
+        self.skip_sched += 1
         self._begin()
         return loss
 

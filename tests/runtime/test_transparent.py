@@ -110,7 +110,8 @@ def test_a_drain_and_a_warning_move_live_ranks_bit_identically(
                              ["drain:rank=0:step=8", "warn:rank=1:step=20"], spares=2)
     assert result.exit_code == 0, result
     got = _failures(recs)
-    assert [(c, o, lost) for c, _, o, lost in got] == [
+    # (In either order: a drain waits until a spare is ready, a warning may overtake it.)
+    assert sorted((c, o, lost) for c, _, o, lost in got) == [
         ("planned", "live_migrated", 0), ("preemptive", "live_migrated", 0)], got
     _assert_identical(torchrun_reference, out)
 
