@@ -25,6 +25,7 @@ from runtime.transparent import LAUNCHER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "runtime" / "scripts" / "ddp_mlp.py")
+GPT = str(ROOT / "tests" / "runtime" / "scripts" / "ddp_gpt.py")
 STEPS = 36  # 3 epochs of 12 batches per rank (384 samples, 2 ranks, batch 16)
 # torchrun sets it for its workers; the same here so both run the same kernels.
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -38,24 +39,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def torchrun_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Rank 0's final state after the script ran failure-free under plain torchrun."""
-    out = tmp_path_factory.mktemp("torchrun") / "ref.pt"
+def _torchrun(script: str, out: Path) -> Path:
+    """Rank 0's final state after ``script`` ran failure-free under plain torchrun."""
     env = {**os.environ, **ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), SCRIPT,
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
 
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP script's final state under plain torchrun."""
+    return _torchrun(SCRIPT, tmp_path_factory.mktemp("torchrun") / "ref.pt")
+
+
 def _run(tmp: Path, name: str, faults: list[str], *, extra: tuple[str, ...] = (),
-         spares: int = 1, ckpt: int = 5) -> tuple[Any, list[dict[str, Any]], Path]:
+         spares: int = 1, ckpt: int = 5,
+         script: str = SCRIPT) -> tuple[Any, list[dict[str, Any]], Path]:
     out = tmp / f"{name}.pt"
     sink = JsonlFileSink(tmp / f"{name}.records.jsonl")
-    cfg = LaunchConfig(script=LAUNCHER, args=[SCRIPT, "--out", str(out), *extra],
+    cfg = LaunchConfig(script=LAUNCHER, args=[script, "--out", str(out), *extra],
                        workers=2, spares=spares, job_id=name, contract_id="c-test",
                        runs_root=str(tmp / "runs"), checkpoint_every=ckpt,
                        faults=[parse_fault(f) for f in faults], nvml=False,
@@ -100,6 +106,19 @@ def test_kills_in_each_phase_are_live_and_bit_identical_to_torchrun(
     assert result.final_step == STEPS
     assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 4
     _assert_identical(torchrun_reference, out)
+
+
+def test_a_small_gpt_with_clipping_survives_kills_bit_identically(tmp_path: Path) -> None:
+    """A small GPT (attention with dropout, two AdamW parameter groups, warm-up then
+    cosine through LambdaLR, ``clip_grad_norm_`` between backward and step -- which must
+    see the averaged gradient, as under DDP): kills in the backward pass and in the
+    reduction, live, and the final state equals torchrun's bit for bit."""
+    reference = _torchrun(GPT, tmp_path / "gpt-ref.pt")
+    result, recs, out = _run(tmp_path, "gpt", ["kill:rank=1:step=6:phase=backward",
+                                               "kill:rank=0:step=21"], script=GPT)
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
+    _assert_identical(reference, out)
 
 
 def test_a_drain_and_a_warning_move_live_ranks_bit_identically(
