@@ -64,10 +64,15 @@ def transparent_rng_key(rank: int, slot: int) -> str:
     return f"transparent/rng/{rank}/{slot}"
 
 
+def transparent_joined_key(slot: str) -> str:
+    """Transparent mode: set once ``slot`` has joined the job (its script runs steps)."""
+    return f"transparent/joined/{slot}"
+
+
 def transparent_at_key(gen: int) -> str:
     """Transparent mode: where the survivors of a failure are in their scripts (JSON
-    ``{calls, pos}``) when they join generation ``gen``: a replacement in a rollback is
-    placed there (the survivors' data is not rewound)."""
+    ``{calls, pos}``), written before they form rollback generation ``gen``'s groups: a
+    replacement in that rollback is placed there (the survivors' data is not rewound)."""
     return f"transparent/at/{gen}"
 
 

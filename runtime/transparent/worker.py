@@ -212,12 +212,21 @@ class TransparentJob(Job):
     optimizer's own (unwrapped) ``step``; nothing is reseeded (the script's RNG is its
     own, moved between ranks as state)."""
 
-    def __init__(self, *, raw_step: Callable[[], Any], **kwargs: Any) -> None:
+    def __init__(self, *, raw_step: Callable[[], Any],
+                 before_form: Callable[[P.Plan], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._raw_step = raw_step
+        self._before_form = before_form
 
     def _optimizer_step(self) -> None:
         self._raw_step()
+
+    def _subgroups(self, plan: P.Plan) -> tuple[tuple[str, str, int, int], ...]:
+        # Called by Job._join with the plan it is about to form the groups of: the last
+        # point before that rendezvous (what a member writes here, every other member can
+        # read once the groups are formed).
+        self._before_form(plan)
+        return super()._subgroups(plan)
 
 
 # ----------------------------------------------------------------- the runtime
@@ -253,6 +262,8 @@ class Transparent:
         self._absorbing = False  # the step in flight will not be taken (on_backward_end)
         self._backward_queued = False
         self._rng_boundary = -1
+        self._joined = False  # this process has joined the job (its script runs steps)
+        self._void_calls: int | None = None  # the optimizer call of a step being voided
 
     # ------------------------------------------------------------- process group
     def init_process_group(self, *_args: Any, **_kwargs: Any) -> None:
@@ -375,7 +386,7 @@ class Transparent:
                              scheduler=_Schedulers(self.schedulers) if self.schedulers
                              else None,
                              sampler=self.position, config=JobConfig(seed=0),
-                             raw_step=raw)
+                             raw_step=raw, before_form=self._before_form)
         self.job = job
         return job
 
@@ -449,10 +460,9 @@ class Transparent:
         if job.rank != self.rank or job.world_size != self.world:
             raise TransparentError(f"{self.slot} was rank {self.rank} of {self.world}, "
                                    f"the job placed it at {job.rank} of {job.world_size}")
-        if plan.mode.from_checkpoint and self._survivors(plan):
-            at = json.loads(m.store.get(P.transparent_at_key(plan.gen)))
-            if at["pos"] is not None:
-                self.resume = at["pos"]
+        if plan.mode.from_checkpoint and m.store.check([P.transparent_at_key(plan.gen)]):
+            # Survivors whose scripts are past the checkpoint (see _before_form).
+            self.resume = json.loads(m.store.get(P.transparent_at_key(plan.gen)))["pos"]
         self.held = {
             "schedulers": _Schedulers(self.schedulers).state_dict() if self.schedulers
             else None,
@@ -464,14 +474,20 @@ class Transparent:
         if at_step or self.resume is None:
             self.held["rng"] = None
             self._apply_held()
+        self._joined = True
+        m.store.set(P.transparent_joined_key(self.slot), "1")
         self._begin()
 
-    def _survivors(self, plan: P.Plan) -> bool:
+    def _before_form(self, plan: P.Plan) -> None:
+        """A member whose script has run steps, about to form a rollback generation: say
+        where its script is (its data is not rewound), for a replacement to be placed
+        there too."""
+        if not self._joined or not plan.mode.from_checkpoint:
+            return
         assert self.job is not None and self.job._m is not None
-        if plan.gen == 0:
-            return False
-        before = self.job._m.plan(plan.gen - 1).members
-        return any(s in before for s in plan.members if s != self.slot)
+        calls = self._void_calls if self._void_calls is not None else self.calls
+        self.job._m.store.set(P.transparent_at_key(plan.gen), json.dumps(
+            {"calls": calls, "pos": self.position_now()}))
 
     def _rng_of(self, rank: int, step: int) -> dict[str, Any] | None:
         """Rank ``rank``'s RNG states at the boundary after ``step`` committed steps
@@ -562,9 +578,11 @@ class Transparent:
                 break
             except GenerationChanged as changed:
                 m.event("void")
-                m.store.set(P.transparent_at_key(changed.gen), json.dumps(
-                    {"calls": self.calls + 1, "pos": self.position_now()}))
-                job._join(changed.gen)
+                self._void_calls = self.calls + 1  # this step's optimizer call, to come
+                try:
+                    job._join(changed.gen)
+                finally:
+                    self._void_calls = None
                 if job.rank != self.rank:
                     raise TransparentError(f"{self.slot} moved from rank {self.rank} "
                                            f"to {job.rank}") from None
@@ -588,6 +606,8 @@ class Transparent:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # A backward pass that raised never ran its end callback: queue afresh next time.
+        self._backward_queued = False
         if not self.managed:
             self.calls += 1
             self.raw_steps[id(opt)]()
@@ -680,12 +700,29 @@ class Transparent:
             raise TransparentError(
                 f"{self.slot} was called in by a {plan.mode} recovery, but this script's data "
                 "position is not discoverable (no DataLoader with a DistributedSampler)")
-        before = P.Plan.decode(store.get(P.plan_key(gen - 1))).members if gen else []
-        if any(s in before for s in plan.members if s != self.slot):
-            store.wait([P.transparent_at_key(gen)])
-            self.replay_to = int(json.loads(store.get(P.transparent_at_key(gen)))["calls"])
-        else:
-            self.replay_to = int(plan.ckpt_step or 0)
+        # Survivors (members whose scripts ran steps) write where they are before they
+        # form the groups (_before_form), which they cannot do without this process: wait
+        # for it, following newer generations (a survivor may die meanwhile).
+        deadline = time.monotonic() + JobConfig().regroup_timeout_s
+        while True:
+            others = [s for s in plan.members if s != self.slot]
+            if not any(store.check([P.transparent_joined_key(s)]) for s in others):
+                self.replay_to = int(plan.ckpt_step or 0)  # nobody is past the checkpoint
+                return
+            if store.check([P.transparent_at_key(gen)]):
+                at = json.loads(store.get(P.transparent_at_key(gen)))
+                self.replay_to = int(at["calls"])
+                return
+            latest = int(store.get(P.KEY_GEN))
+            if latest != gen:
+                gen, plan = latest, P.Plan.decode(store.get(P.plan_key(latest)))
+                if not plan.mode.from_checkpoint or self.slot not in plan.members:
+                    raise TransparentError(f"{self.slot}: generation {gen} is a {plan.mode} "
+                                           "plan, this script's state is not discoverable")
+            if time.monotonic() > deadline:
+                raise TransparentError(f"{self.slot}: the survivors never said where they "
+                                       f"are (generation {gen})")
+            time.sleep(0.01)
 
     def _replay(self, loss: Any) -> Any:
         """A replacement of a job whose data position is not discoverable: absorb the

@@ -156,6 +156,27 @@ def test_an_undiscoverable_iterator_rolls_back_with_the_true_lost_steps(
     assert finished and finished[0]["step"] == STEPS - lost
 
 
+def test_every_rank_lost_rolls_back_with_the_data_rewound(tmp_path: Path) -> None:
+    """Both ranks SIGKILLed in the forward pass of the same step (neither can reach a
+    collective first, so both die): no replica holds the state, the fresh processes load
+    the runtime's newest checkpoint and are placed at its data position (nobody's script
+    is past it): the lost steps are redone and the job ends at its full length."""
+    result, recs, out = _run(tmp_path, "killall", ["kill:rank=0:step=20:phase=forward",
+                                                   "kill:rank=1:step=20:phase=forward"])
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
+    # Back to a checkpoint (every 5 steps, written in the background) before the step the
+    # failure is recorded at (the supervisor's last known committed step: 19 or 20).
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert fail["step"] in (19, 20)
+    back_to = fail["step"] - got[0][3]
+    assert back_to % 5 == 0 and 0 <= back_to < 20
+    assert result.final_step == STEPS
+    state, _ = _state(out)
+    assert state["scheduler"]["last_epoch"] == STEPS
+
+
 def test_the_cli_runs_an_unmodified_script(torchrun_reference: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """``yoco run --transparent`` (the command customers type), failure-free: the same
