@@ -289,6 +289,10 @@ class Transparent:
                     if plan.shards != 1:
                         raise TransparentError("transparent mode runs plain data parallel "
                                                "(--shards 1)")
+                    # What torchrun's workers find in their environment, for the script's
+                    # code after this call (a spare learns its rank only here).
+                    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), \
+                        str(self.world)
                     return
             time.sleep(0.01)
 
@@ -402,6 +406,10 @@ class Transparent:
         r = self.resume
         if r is not None and self.loader_iters < r["iters"]:
             return  # an iteration the job had finished before this process came in
+        if r is not None and self.loader_iters > r["iters"]:  # placed before any batch
+            self.resume = None
+            self._apply_held()
+            r = None
         skip = 0
         if r is not None and self.loader_iters == r["iters"]:
             self.resume = None
@@ -777,6 +785,10 @@ def install() -> Transparent:
         return _RT
     rt = Transparent()
     _RT = rt
+    # torchrun sets LOCAL_RANK before the script starts (scripts pick their device with
+    # it): the device the launcher gave this process (cuda:N -> N), 0 on CPU.
+    device = os.environ.get(P.ENV_DEVICE, "cpu")
+    os.environ.setdefault("LOCAL_RANK", device.split(":")[1] if ":" in device else "0")
     for name in ("init_process_group", "get_rank", "get_world_size", "is_initialized",
                  "new_group", "barrier", "destroy_process_group"):
         setattr(dist, name, getattr(rt, name))

@@ -39,11 +39,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _torchrun(script: str, out: Path) -> Path:
+def _torchrun(script: str, out: Path, nproc: int = 2) -> Path:
     """Rank 0's final state after ``script`` ran failure-free under plain torchrun."""
     env = {**os.environ, **ENV}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -194,6 +194,19 @@ def test_the_cli_runs_an_unmodified_script(torchrun_reference: Path, tmp_path: P
     _assert_identical(torchrun_reference, out)
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "cli.jsonl").open()]
     assert kinds[0] == "job_started" and kinds[-1] == "job_finished"
+
+
+def test_alone_it_is_the_script_under_torchrun_with_one_process(tmp_path: Path) -> None:
+    """``python -m runtime.transparent SCRIPT`` outside the launcher: one process, world
+    size 1, the same state as torchrun with one process (DDP of one rank)."""
+    reference = _torchrun(SCRIPT, tmp_path / "one.pt", nproc=1)
+    out = tmp_path / "alone.pt"
+    proc = subprocess.run([sys.executable, "-m", "runtime.transparent", SCRIPT, "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_identical(reference, out)
+    assert torch.load(out)["scheduler"]["last_epoch"] == 2 * STEPS  # 24 batches an epoch
 
 
 def test_an_unsupported_collective_stops_with_a_clear_error(tmp_path: Path) -> None:
