@@ -166,12 +166,13 @@ def test_every_rank_lost_rolls_back_with_the_data_rewound(tmp_path: Path) -> Non
     assert result.exit_code == 0, result
     got = _failures(recs)
     assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
-    # Back to a checkpoint (every 5 steps, written in the background) before the step the
-    # failure is recorded at (the supervisor's last known committed step: 19 or 20).
+    # Back to a checkpoint (every 5 steps, written in the background) before the step
+    # committed when they died: 20, or 19 as far as the supervisor had heard of when it
+    # recorded or planned it (it polls rank 0's progress).
     fail = next(r for r in recs if r["kind"] == "failure")
     assert fail["step"] in (19, 20)
-    back_to = fail["step"] - got[0][3]
-    assert back_to % 5 == 0 and 0 <= back_to < 20
+    lost = got[0][3]
+    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
     assert result.final_step == STEPS
     state, _ = _state(out)
     assert state["scheduler"]["last_epoch"] == STEPS
