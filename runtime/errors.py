@@ -76,3 +76,9 @@ class DrainError(YocoRuntimeError):
 
 class NoSpareError(DrainError):
     """A drain cannot be served: the job has no spare to move the worker onto."""
+
+
+class TransparentError(YocoRuntimeError):
+    """Transparent mode met a script it cannot run faithfully (a use of
+    ``torch.distributed`` it does not replace, or a replacement that could not be placed
+    where the job is): it stops rather than train on a wrong state."""

@@ -51,6 +51,29 @@ KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
 KEY_KILLED_AT = "killed_at"  # wall time an injected kill fired (read by the benchmark)
+# Transparent mode (runtime.transparent): set by every worker when it joins. Value "live", or
+# "rollback: WHY" when the script's state is not discoverable: the supervisor then recovers
+# by rollback only. Either way a rollback's survivors cannot run their interrupted step
+# again (the script has moved past its batch): that batch is lost too (one more lost step).
+KEY_TRANSPARENT = "transparent/mode"
+
+
+def transparent_rng_key(rank: int, slot: int) -> str:
+    """Transparent mode: rank ``rank``'s RNG states at a step boundary, in one of two
+    alternating slots (``slot`` 0 or 1), as JSON (runtime.transparent.worker)."""
+    return f"transparent/rng/{rank}/{slot}"
+
+
+def transparent_joined_key(slot: str) -> str:
+    """Transparent mode: set once ``slot`` has joined the job (its script runs steps)."""
+    return f"transparent/joined/{slot}"
+
+
+def transparent_at_key(gen: int) -> str:
+    """Transparent mode: where the survivors of a failure are in their scripts (JSON
+    ``{calls, pos}``), written before they form rollback generation ``gen``'s groups: a
+    replacement in that rollback is placed there (the survivors' data is not rewound)."""
+    return f"transparent/at/{gen}"
 
 
 # ----------------------------------------------------------------- node agents

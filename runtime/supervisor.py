@@ -699,6 +699,12 @@ class Supervisor:
             return
         survivors = [m for m in self.members if m not in dead and self._alive(m)]
         holders = [m for m in survivors if m in self.holders]
+        transparent = self.store.get(P.KEY_TRANSPARENT).decode() \
+            if self.store.check([P.KEY_TRANSPARENT]) else None
+        # Transparent mode: a rollback's survivors holding state cannot rerun their step.
+        absorbed = 1 if transparent is not None and holders else 0
+        if transparent is not None and transparent.startswith("rollback"):
+            holders = []  # transparent mode, state not discoverable: rollback only
         if self.cfg.shards > 1:
             self._recover_sharded(rec, dead, holders)
             return
@@ -750,7 +756,7 @@ class Supervisor:
                           ckpt=str(ck_path), ckpt_step=ck_step)
             rec.outcome = Outcome.ROLLED_BACK
             rec.rollback_step = ck_step
-            rec.lost_steps = max(self.last_step - ck_step, rec.lost_steps)
+            rec.lost_steps = max(self.last_step - ck_step + absorbed, rec.lost_steps)
         log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode, members)
         rec.gen = plan.gen
         self._publish(plan)

@@ -64,7 +64,8 @@ def set_default_sink(hook: SinkHook) -> None:
 def run(
     ctx: typer.Context,
     script: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                  help="Training script (uses runtime.Job)."),
+                                  help="Training script (uses runtime.Job; with --transparent, "
+                                       "a plain torch.distributed script)."),
     workers: int = typer.Option(2, "--workers", "-n", min=1,
                                 help="Data-parallel workers (ranks)."),
     spares: int = typer.Option(1, "--spares", "-s", min=0,
@@ -156,6 +157,11 @@ def run(
              "lends its own hosts to higher-priority ones."),
     priority: int = typer.Option(
         0, "--priority", help="This job's priority in the --pool (higher borrows from lower)."),
+    transparent: bool = typer.Option(
+        False, "--transparent",
+        help="Model-transparent mode: SCRIPT is an unmodified torch.distributed script "
+             "(DistributedDataParallel, an optimizer, a DataLoader with a "
+             "DistributedSampler); the runtime discovers its state (docs/runtime.md)."),
 ) -> None:
     """Launch a fault-tolerant data-parallel training job (like torchrun).
 
@@ -187,8 +193,15 @@ def run(
             spec = _default_sink()
         else:
             spec = _ledger_sink_for(contract)
+        argv = [str(script), *ctx.args]
+        if transparent:
+            from runtime.transparent import LAUNCHER
+
+            if shards != 1:
+                raise ConfigError("--transparent runs plain data parallel (no --shards)")
+            argv = [LAUNCHER, *argv]
         cfg = LaunchConfig(
-            script=str(script), args=list(ctx.args), workers=workers, spares=spares,
+            script=argv[0], args=argv[1:], workers=workers, spares=spares,
             shards=shards,
             contract_id=contract, job_id=job_id, checkpoint_every=checkpoint_every,
             checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,

@@ -1,0 +1,857 @@
+"""The transparent worker: an unmodified ``torch.distributed`` script under the runtime.
+
+:func:`install` replaces, before the script runs, the constructors and calls through
+which a data-parallel script states what its training state is, and keeps what they
+built in one :class:`Transparent` per process:
+
+* ``torch.distributed.init_process_group`` / ``new_group`` / ``get_rank`` / ... -- the
+  script's process group is the runtime's elastic one (:class:`runtime.membership.Membership`,
+  one per generation). A spare waits inside ``init_process_group`` until it is called in,
+  so the rank the script reads is the rank it replaces;
+* ``DistributedDataParallel`` -- :class:`ElasticDDP`, the module as it is (state-dict keys
+  keep DDP's ``module.`` prefix); the gradients are averaged at the step boundary by the
+  model-aware machinery (:class:`runtime.reduction.GradientReducer`), not in backward
+  hooks;
+* ``torch.optim.Optimizer`` -- its ``step()`` is the **step boundary**: the gradient
+  reduction, the commit, checkpoints, moves and recoveries happen inside it;
+* ``LRScheduler`` -- state moved with the rest; a ``step()`` that follows an optimizer step
+  the runtime absorbed (a rollback, or a state that came in newer) is skipped;
+* ``DataLoader`` over a ``DistributedSampler`` -- the data position (iteration, batches
+  fetched, sampler epoch), committed with each step, so that a replacement is placed at
+  the next batch;
+* the RNG states (torch CPU and CUDA, Python ``random``) of every rank at each step
+  boundary, through the store (a replacement takes the states of the rank it replaces).
+
+The state moved is exactly :class:`runtime.job.Job`'s: :class:`TransparentJob` *is* a
+``Job`` (membership, state transfer, checkpoints, fault injection, records), driven from
+the optimizer step instead of from ``Job.steps()``. docs/runtime.md "Transparent mode" says
+what this discovers, what it cannot, and what then happens (rollback).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+from runtime import protocol as P
+from runtime.errors import ConfigError, GenerationChanged, TransparentError
+from runtime.job import Job, JobConfig
+
+log = logging.getLogger("yoco.runtime.transparent")
+
+__all__ = ["ElasticDDP", "Transparent", "TransparentJob", "current", "install"]
+
+_RT: Transparent | None = None
+
+
+def current() -> Transparent | None:
+    """The process's transparent runtime (None before :func:`install`)."""
+    return _RT
+
+
+# ----------------------------------------------------------------- the replaced classes
+class ElasticDDP(torch.nn.Module):
+    """What ``DistributedDataParallel(module, ...)`` builds under the transparent runtime:
+    ``module`` itself (``.module``, the ``module.`` state-dict prefix, ``no_sync()``), its
+    gradients averaged at the optimizer step by the runtime rather than during backward.
+    DDP's own arguments (bucket sizes, device ids, ...) do not change the numbers and are
+    ignored."""
+
+    def __init__(self, module: torch.nn.Module, *_args: Any, **_kwargs: Any) -> None:
+        super().__init__()
+        self.module = module
+        self.syncing = True  # False inside no_sync()
+        rt = current()
+        if rt is not None:
+            rt.modules.append(self)
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _p: rt.grad_ready(self))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module."""
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's ``no_sync``: the backward passes inside it are not averaged (the
+        gradients accumulate locally until a backward pass outside it)."""
+        before, self.syncing = self.syncing, False
+        try:
+            yield
+        finally:
+            self.syncing = before
+
+
+class _Schedulers:
+    """The script's LR schedulers as one stateful object for :class:`Job` (the script
+    steps them itself)."""
+
+    def __init__(self, schedulers: list[Any]) -> None:
+        self.schedulers = schedulers
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Each scheduler's state, in construction order."""
+        return [s.state_dict() for s in self.schedulers]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        """Install what :meth:`state_dict` returned."""
+        if len(state) != len(self.schedulers):
+            raise TransparentError(f"the state holds {len(state)} LR scheduler(s), this "
+                                   f"script built {len(self.schedulers)}")
+        for s, sd in zip(self.schedulers, state, strict=True):
+            s.load_state_dict(sd)
+
+    def step(self) -> None:
+        """Never called by the transparent runtime (the script steps its schedulers)."""
+
+
+class _Position:
+    """The training loader's data position as a stateful 'sampler' for :class:`Job`:
+    ``iters`` iterations started, ``fetched`` batches of the last one, the sampler's
+    ``epoch`` -- as of the last committed step."""
+
+    def __init__(self, rt: Transparent) -> None:
+        self.rt = rt
+        self.committed: dict[str, Any] = {"iters": 0, "fetched": 0, "epoch": None}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The committed position."""
+        return dict(self.committed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A process that has not started iterating is placed there at its next
+        iteration (:meth:`Transparent._iterate`); one that is iterating already stays
+        where its script is (its data is not rewound)."""
+        if self.rt.loader_iters == 0:
+            self.rt.resume = dict(state)
+        else:
+            self.committed = self.rt.position_now()
+
+
+def _distributed_sampler(loader: DataLoader[Any]) -> DistributedSampler[Any] | None:
+    s = loader.sampler
+    if isinstance(s, DistributedSampler):
+        return s
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    return inner if isinstance(inner, DistributedSampler) else None
+
+
+def _rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["random"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _encode_rng(boundary: int, states: dict[str, Any]) -> str:
+    """JSON (no pickle: the store is not trusted to hand back code) of RNG states."""
+    def b64(t: torch.Tensor) -> str:
+        return base64.b64encode(t.numpy().tobytes()).decode()
+
+    version, internal, gauss = states["random"]
+    return json.dumps({"boundary": boundary, "torch": b64(states["torch"]),
+                       "random": [version, list(internal), gauss],
+                       "cuda": [b64(t) for t in states.get("cuda", [])]
+                       if "cuda" in states else None})
+
+
+def _decode_rng(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """Inverse of :func:`_encode_rng`; ValueError on anything else."""
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)),
+                                dtype=torch.uint8).clone()
+
+    try:
+        data = json.loads(raw)
+        version, internal, gauss = data["random"]
+        states: dict[str, Any] = {
+            "torch": tensor(data["torch"]),
+            "random": (int(version), tuple(int(x) for x in internal),
+                       None if gauss is None else float(gauss))}
+        if data["cuda"] is not None:
+            states["cuda"] = [tensor(t) for t in data["cuda"]]
+        return int(data["boundary"]), states
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed RNG state in the store: {exc}") from None
+
+
+def _same_rng(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    if a is None or a.keys() != b.keys() or a["random"] != b["random"]:
+        return False
+    if not torch.equal(a["torch"], b["torch"]):
+        return False
+    return all(torch.equal(x, y) for x, y in zip(a.get("cuda", []), b.get("cuda", []),
+                                                   strict=True))
+
+
+# ----------------------------------------------------------------- the job
+class TransparentJob(Job):
+    """:class:`Job` with the script's optimizer step as the boundary: the update is the
+    optimizer's own (unwrapped) ``step``; nothing is reseeded (the script's RNG is its
+    own, moved between ranks as state)."""
+
+    def __init__(self, *, raw_step: Callable[[], Any],
+                 before_form: Callable[[P.Plan], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._raw_step = raw_step
+        self._before_form = before_form
+
+    def _optimizer_step(self) -> None:
+        self._raw_step()
+
+    def _subgroups(self, plan: P.Plan) -> tuple[tuple[str, str, int, int], ...]:
+        # Called by Job._join with the plan it is about to form the groups of: the last
+        # point before that rendezvous (what a member writes here, every other member can
+        # read once the groups are formed).
+        self._before_form(plan)
+        return super()._subgroups(plan)
+
+
+# ----------------------------------------------------------------- the runtime
+class Transparent:
+    """Everything the script built that the runtime needs, and the step boundary."""
+
+    def __init__(self) -> None:
+        self.managed = P.ENV_STORE in os.environ
+        self.slot = os.environ.get(P.ENV_SLOT, "local")
+        self.rank, self.world = 0, 1
+        self.initialized = False
+        self.modules: list[ElasticDDP] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.raw_steps: dict[int, Callable[..., Any]] = {}
+        self.schedulers: list[Any] = []
+        self.train_loader: DataLoader[Any] | None = None
+        self.loader_iters = 0  # iterations of the training loader started
+        self.loader_fetched = 0  # batches fetched in the current one
+        self.resume: dict[str, Any] | None = None  # where a fresh process is to be placed
+        self.held: dict[str, Any] | None = None  # state re-applied there
+        self.calls = 0  # optimizer.step() calls by the script
+        self.skip_sched = 0  # scheduler steps to skip (after absorbed optimizer steps)
+        self.undiscoverable: str | None = None
+        self.replay_to: int | None = None  # a rollback replacement: absorb calls up to
+        self.job: TransparentJob | None = None
+        self.position = _Position(self)
+        self._rng_published: dict[str, Any] | None = None
+        self._rng_pubs = 0
+        self._t_commit = time.perf_counter()
+        self._finished = False
+        self._ckpt_pending = False  # the last commit's checkpoint is not decided yet
+        self._reduced = False  # the gradients of the step in flight are averaged
+        self._absorbing = False  # the step in flight will not be taken (on_backward_end)
+        self._backward_queued = False
+        self._rng_boundary = -1
+        self._joined = False  # this process has joined the job (its script runs steps)
+        self._void_calls: int | None = None  # the optimizer call of a step being voided
+
+    # ------------------------------------------------------------- process group
+    def init_process_group(self, *_args: Any, **_kwargs: Any) -> None:
+        """The script's ``init_process_group``: under the launcher, wait until this
+        process is a member of a generation (a spare: until it is called in) and take
+        its rank there; standalone, rank 0 of 1."""
+        if self.initialized:
+            raise TransparentError("init_process_group called twice")
+        self.initialized = True
+        if not self.managed:
+            return
+        host, _, port = os.environ[P.ENV_STORE].rpartition(":")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        store.set(P.waiting_key(self.slot), str(time.time()))
+        while True:
+            if store.check([P.KEY_SHUTDOWN]):
+                sys.exit(0)  # a spare the job ended without
+            if store.check([P.KEY_GEN]):
+                gen = int(store.get(P.KEY_GEN))
+                plan = P.Plan.decode(store.get(P.plan_key(gen)))
+                if self.slot in plan.members:
+                    self.rank, self.world = plan.members.index(self.slot), len(plan.members)
+                    if plan.shards != 1:
+                        raise TransparentError("transparent mode runs plain data parallel "
+                                               "(--shards 1)")
+                    # What torchrun's workers find in their environment, for the script's
+                    # code after this call (a spare learns its rank only here).
+                    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), \
+                        str(self.world)
+                    return
+            time.sleep(0.01)
+
+    def get_rank(self, group: Any = None) -> int:
+        """``torch.distributed.get_rank``."""
+        return self.rank
+
+    def get_world_size(self, group: Any = None) -> int:
+        """``torch.distributed.get_world_size``."""
+        return self.world
+
+    def is_initialized(self) -> bool:
+        """``torch.distributed.is_initialized``."""
+        return self.initialized
+
+    def new_group(self, ranks: Any = None, *_args: Any, **_kwargs: Any) -> Any:
+        """``torch.distributed.new_group``: the world group (the only one replaced)."""
+        if ranks is not None and sorted(ranks) != list(range(self.world)):
+            raise TransparentError("new_group over a subset of the ranks is not supported "
+                                   "in transparent mode")
+        return None
+
+    def barrier(self, *_args: Any, **_kwargs: Any) -> None:
+        """``torch.distributed.barrier``: nothing (the step boundary synchronises)."""
+
+    def destroy_process_group(self, *_args: Any, **_kwargs: Any) -> None:
+        """``torch.distributed.destroy_process_group``: the runtime owns the groups."""
+
+    def unsupported(self, name: str) -> Callable[..., Any]:
+        """A ``torch.distributed`` call the transparent mode does not replace."""
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise TransparentError(f"torch.distributed.{name} is not supported in "
+                                   "transparent mode (use model-aware mode: runtime.Job)")
+        return refuse
+
+    # ------------------------------------------------------------- discovery
+    def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """Register an optimizer the script built; its ``step`` becomes the boundary."""
+        raw = opt.step
+        self.raw_steps[id(opt)] = raw
+        self.optimizers.append(opt)
+
+        def step(this: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+            return self.on_step(this, closure)
+
+        # A bound method, as LRScheduler expects (it rewraps ``step.__func__``).
+        opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
+
+    def add_scheduler(self, sched: Any) -> None:
+        """Register an LR scheduler the script built."""
+        self.schedulers.append(sched)
+
+    def grad_ready(self, ddp: ElasticDDP) -> None:
+        """A gradient of ``ddp``'s module was accumulated: at the first one of a backward
+        pass (outside ``no_sync``), have :meth:`on_backward_end` run when it ends (DDP's
+        own mechanism: a callback queued on the autograd engine)."""
+        if self._backward_queued or not ddp.syncing:
+            return
+        self._backward_queued = True
+
+        def ended() -> None:
+            self._backward_queued = False
+            self.on_backward_end()
+
+        torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+    def scheduler_step_allowed(self) -> bool:
+        """False (once per absorbed optimizer step) when the script's next
+        ``scheduler.step()`` must not run: the step it follows was not taken."""
+        if self.skip_sched > 0:
+            self.skip_sched -= 1
+            return False
+        return True
+
+    def position_now(self) -> dict[str, Any]:
+        """The training loader's position now."""
+        epoch = None
+        if self.train_loader is not None:
+            s = _distributed_sampler(self.train_loader)
+            epoch = s.epoch if s is not None else None
+        return {"iters": self.loader_iters, "fetched": self.loader_fetched, "epoch": epoch}
+
+    def _build_job(self) -> TransparentJob:
+        if len(self.modules) != 1:
+            raise TransparentError(
+                f"transparent mode needs one DistributedDataParallel module, found "
+                f"{len(self.modules)}")
+        if len(self.optimizers) != 1:
+            raise TransparentError(
+                f"transparent mode needs one optimizer, found {len(self.optimizers)} (a "
+                "second optimizer cannot be placed at the step boundary yet)")
+        opt = self.optimizers[0]
+        raw = self.raw_steps[id(opt)]
+        job = TransparentJob(model=self.modules[0], optimizer=opt,
+                             scheduler=_Schedulers(self.schedulers) if self.schedulers
+                             else None,
+                             sampler=self.position, config=JobConfig(seed=0),
+                             raw_step=raw, before_form=self._before_form)
+        self.job = job
+        return job
+
+    # ------------------------------------------------------------- data
+    def iterate(self, loader: DataLoader[Any], orig_iter: Callable[[Any], Any]) -> Iterator[Any]:
+        """The training loader's iterator: joins the job at its first batch (a fresh
+        process: the state comes in here), places a replacement at the job's position
+        and counts the batches fetched."""
+        if self.managed and self.job is None and self.undiscoverable is None:
+            self._join_first(at_step=False)
+        self.loader_iters += 1
+        self.loader_fetched = 0
+        r = self.resume
+        if r is not None and self.loader_iters < r["iters"]:
+            return  # an iteration the job had finished before this process came in
+        if r is not None and self.loader_iters > r["iters"]:  # placed before any batch
+            self.resume = None
+            self._apply_held()
+            r = None
+        skip = 0
+        if r is not None and self.loader_iters == r["iters"]:
+            self.resume = None
+            s = _distributed_sampler(loader)
+            if s is not None and r["epoch"] is not None and s.epoch != r["epoch"]:
+                raise TransparentError(
+                    f"the replacement's loader is at epoch {s.epoch} where the job is at "
+                    f"epoch {r['epoch']}: the script's loop is not placed by its loader")
+            skip = int(r["fetched"])
+            if not skip:
+                self._apply_held()  # before iter(): it draws the loader's base seed
+        it = orig_iter(loader)
+        if skip:
+            self._apply_held()
+            from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+            if isinstance(it, _SingleProcessDataLoaderIter):
+                for _ in range(skip):  # indices only: no batch is loaded
+                    it._next_index()
+                it._num_yielded += skip
+            else:
+                for _ in range(skip):
+                    next(it)
+            self.loader_fetched = skip
+        for batch in it:
+            self.loader_fetched += 1
+            yield batch
+
+    def _apply_held(self) -> None:
+        """At the replacement's place in the data: the state the script's code between
+        its start and here may have changed (per-epoch scheduler steps of the iterations
+        it skipped), and the RNG states of the rank it replaces."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        if held["schedulers"] is not None:
+            _Schedulers(self.schedulers).load_state_dict(held["schedulers"])
+        for g, hyper in zip(self.optimizers[0].param_groups, held["groups"], strict=True):
+            g.update(hyper)
+        if held["rng"] is not None:
+            _set_rng_states(held["rng"])
+
+    # ------------------------------------------------------------- membership
+    def _join_first(self, *, at_step: bool) -> None:
+        """Become a member (the first time): build the Job and join its generation."""
+        job = self._build_job()
+        assert job._m is not None
+        m = job._m
+        if at_step:
+            self.undiscoverable = "no DataLoader with a DistributedSampler before the " \
+                "first optimizer step (a custom iterator)"
+        m.store.set(P.KEY_TRANSPARENT, "live" if self.undiscoverable is None
+                    else f"rollback: {self.undiscoverable}")
+        job._join(0)
+        plan = m.plan(job.gen)
+        if job.rank != self.rank or job.world_size != self.world:
+            raise TransparentError(f"{self.slot} was rank {self.rank} of {self.world}, "
+                                   f"the job placed it at {job.rank} of {job.world_size}")
+        if plan.mode.from_checkpoint and m.store.check([P.transparent_at_key(plan.gen)]):
+            # Survivors whose scripts are past the checkpoint (see _before_form).
+            self.resume = json.loads(m.store.get(P.transparent_at_key(plan.gen)))["pos"]
+        self.held = {
+            "schedulers": _Schedulers(self.schedulers).state_dict() if self.schedulers
+            else None,
+            "groups": [{k: v for k, v in g.items() if k != "params"}
+                       for g in self.optimizers[0].param_groups],
+            "rng": self._rng_of(self.rank, job.step) if plan.mode in (
+                P.PlanMode.LIVE, P.PlanMode.MOVE) else None,
+        }
+        if at_step or self.resume is None:
+            self.held["rng"] = None
+            self._apply_held()
+        self._joined = True
+        m.store.set(P.transparent_joined_key(self.slot), "1")
+        self._begin()
+
+    def _before_form(self, plan: P.Plan) -> None:
+        """A member whose script has run steps, about to form a rollback generation: say
+        where its script is (its data is not rewound), for a replacement to be placed
+        there too."""
+        if not self._joined or not plan.mode.from_checkpoint:
+            return
+        assert self.job is not None and self.job._m is not None
+        calls = self._void_calls if self._void_calls is not None else self.calls
+        self.job._m.store.set(P.transparent_at_key(plan.gen), json.dumps(
+            {"calls": calls, "pos": self.position_now()}))
+
+    def _rng_of(self, rank: int, step: int) -> dict[str, Any] | None:
+        """Rank ``rank``'s RNG states at the boundary after ``step`` committed steps
+        (None: never published that early -- the replacement's own, reached by the same
+        deterministic start, are those)."""
+        assert self.job is not None and self.job._m is not None
+        store = self.job._m.store
+        best: tuple[int, dict[str, Any]] | None = None
+        for slot in (0, 1):
+            key = P.transparent_rng_key(rank, slot)
+            if store.check([key]):
+                at, states = _decode_rng(store.get(key))
+                if at <= step and (best is None or at > best[0]):
+                    best = (at, states)
+        return best[1] if best is not None else None
+
+    def _publish_rng(self, boundary: int) -> None:
+        """Before this rank's gradient can count (so before the step can commit): its RNG
+        states now, which are those at the boundary after this step (the update draws no
+        random numbers). Two alternating slots keep the previous boundary's too, for a
+        step that is then abandoned. Written only when they changed."""
+        states = _rng_states()
+        if _same_rng(self._rng_published, states):
+            return
+        assert self.job is not None and self.job._m is not None
+        if boundary != self._rng_boundary:  # a new boundary: the other slot
+            self._rng_pubs += 1
+            self._rng_boundary = boundary
+        # (Several backward passes of one step publish the same boundary: the same slot,
+        # so the two slots always hold the last two boundaries published.)
+        self.job._m.store.set(P.transparent_rng_key(self.rank, self._rng_pubs % 2),
+                              _encode_rng(boundary, states))
+        self._rng_published = states
+
+    def _begin(self) -> None:
+        """The start of the next step (after a commit or a join)."""
+        job = self.job
+        assert job is not None and job._m is not None and job._faults is not None
+        job._reduced = False
+        job._abandoned = None
+        job._agree = None
+        job._faults.at_step_start(step=job.step, rank=job.rank, gen=job.gen)
+        job._m.event("step")
+        if job.rank == 0 and not job._move_seen:
+            latest = job._m.latest_gen()
+            if latest == job.gen + 1 and job._m.plan(latest).mode == P.PlanMode.MOVE:
+                job._move_seen = True
+
+    # ------------------------------------------------------------- the step boundary
+    def on_backward_end(self) -> None:
+        """The end of a backward pass through the DDP module (outside ``no_sync``): average
+        the gradients over the group now, as DDP does, so that what the script does with
+        them before ``optimizer.step()`` (clipping, logging a norm) sees the averaged
+        gradient. A failure while they are in flight: the new group forms (a replacement
+        receives the committed state) and this rank's own gradient, kept aside, is reduced
+        again in it; after a rollback (or a newer state received) the step is absorbed."""
+        if not self.managed or self._absorbing:
+            return
+        with torch.no_grad():  # (a transfer or rollback may load into the parameters)
+            self._reduce_now()
+
+    def _reduce_now(self) -> None:
+        if self.job is None:
+            if self.replay_to is None:
+                self._first_step_without_loader()
+            if self.replay_to is not None:
+                return  # replaying: nothing is reduced
+        job = self.job
+        assert job is not None and job._m is not None
+        m = job._m
+        self._checkpoint_if_due()
+        backup = self._gradients_in_buffers()
+        if job._move_seen:  # a move (drain, warning) agreed at the last commit
+            job._move_seen = False
+            job._join(job.gen + 1)  # a drained rank sends its state and leaves here
+            for flat, saved in zip(job._reducer.flat, backup, strict=True):
+                flat.copy_(saved)
+            self._begin()
+        self._publish_rng(job.step + 1)
+        committed = job.step
+        while True:
+            try:
+                m.event("body_end")
+                job._reduced = False
+                job._abandoned = None
+                job._reduce()
+                job._complete_transfer()
+                break
+            except GenerationChanged as changed:
+                m.event("void")
+                self._void_calls = self.calls + 1  # this step's optimizer call, to come
+                try:
+                    job._join(changed.gen)
+                finally:
+                    self._void_calls = None
+                if job.rank != self.rank:
+                    raise TransparentError(f"{self.slot} moved from rank {self.rank} "
+                                           f"to {job.rank}") from None
+                if job.step != committed or m.plan(job.gen).mode.from_checkpoint:
+                    # The state came in newer (this rank was a step behind) or was
+                    # rolled back: this step's update is not taken (nor the scheduler
+                    # step after it); its gradients are zeroed, whatever the script
+                    # still does with them.
+                    for flat in job._reducer.flat:
+                        flat.zero_()
+                    self._absorbing = True
+                    return
+                for flat, saved in zip(job._reducer.flat, backup, strict=True):
+                    flat.copy_(saved)  # this rank's own gradient, into the new group
+        self._reduced = True
+
+    def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+        """The script's ``optimizer.step()``: the update and the commit (the gradients were
+        averaged at the end of the backward pass, :meth:`on_backward_end`)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # A backward pass that raised never ran its end callback: queue afresh next time.
+        self._backward_queued = False
+        if not self.managed:
+            self.calls += 1
+            self.raw_steps[id(opt)]()
+            return loss
+        if self.job is None and self.replay_to is None:
+            self._first_step_without_loader()
+        self.calls += 1
+        if self.replay_to is not None:
+            return self._replay(loss)
+        job = self.job
+        assert job is not None and job._m is not None
+        if not self._reduced and not self._absorbing:
+            self.on_backward_end()  # no backward through the DDP module since the last step
+        if self._absorbing:
+            return self._absorb(loss)
+        job._complete_transfer()
+        job._optimizer_step()
+        job.step += 1
+        self._reduced = False
+        self.position.committed = self.position_now()
+        now = time.perf_counter()
+        # Checkpoints and moves wait for the next boundary (_checkpoint_if_due, the move in
+        # on_backward_end): the script steps its scheduler after this returns, and the
+        # state they carry must be the one a replacement continues from.
+        ckpt, job._ckpt = job._ckpt, None
+        try:
+            job._after_commit(now - self._t_commit)
+        finally:
+            job._ckpt = ckpt
+        self._t_commit = now
+        self._ckpt_pending = True
+        self._begin()
+        return loss
+
+    def _absorb(self, loss: Any) -> Any:
+        """This optimizer step is not taken (see :meth:`on_backward_end`)."""
+        self._absorbing = False
+        self.position.committed = self.position_now()
+        self.skip_sched += 1
+        self._begin()
+        return loss
+
+    def _checkpoint_if_due(self) -> None:
+        """The checkpoint of the last committed step, if one is due (see :meth:`on_step`)."""
+        job = self.job
+        assert job is not None
+        if not self._ckpt_pending:
+            return
+        self._ckpt_pending = False
+        if job._ckpt is not None and job.rank == 0 and job._ckpt.due(job.step):
+            job._ckpt.submit(job.state_dict(), job.step, attempt=job.gen)
+
+    def _gradients_in_buffers(self) -> list[torch.Tensor]:
+        """Make every gradient a view into the reducer's flat buffers (copying what the
+        script's backward left), and return a copy of them: the local, unreduced gradient,
+        which an allreduce cut short by a failure may have overwritten and which the
+        retry in the new group needs."""
+        assert self.job is not None
+        red = self.job._reducer
+        grads = {id(p): p.grad for p in self.job.model.parameters()}
+        if not red.built:
+            red.build()
+        for flat, ps in zip(red.flat, red.flat_params, strict=True):
+            off = 0
+            for p in ps:
+                g = grads[id(p)]
+                view = flat[off:off + p.numel()]
+                if g is None:
+                    view.zero_()
+                elif g.data_ptr() != view.data_ptr():
+                    view.copy_(g.reshape(-1))
+                p.grad = view.view_as(p)
+                off += p.numel()
+        return [f.clone() for f in red.flat]
+
+    def _first_step_without_loader(self) -> None:
+        """The first optimizer step of a process that has not joined at a training
+        loader's first batch: the data position is not discoverable. Initial members join
+        now (the job then recovers by rollback only); a replacement replays the script's
+        steps up to where the job is (see :meth:`_replay`)."""
+        assert P.ENV_STORE in os.environ
+        host, _, port = os.environ[P.ENV_STORE].rpartition(":")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        gen = int(store.get(P.KEY_GEN))
+        plan = P.Plan.decode(store.get(P.plan_key(gen)))
+        if plan.mode == P.PlanMode.START:
+            self._join_first(at_step=True)
+            return
+        if not plan.mode.from_checkpoint:
+            raise TransparentError(
+                f"{self.slot} was called in by a {plan.mode} recovery, but this script's data "
+                "position is not discoverable (no DataLoader with a DistributedSampler)")
+        # Survivors (members whose scripts ran steps) write where they are before they
+        # form the groups (_before_form), which they cannot do without this process: wait
+        # for it, following newer generations (a survivor may die meanwhile).
+        deadline = time.monotonic() + JobConfig().regroup_timeout_s
+        while True:
+            others = [s for s in plan.members if s != self.slot]
+            if not any(store.check([P.transparent_joined_key(s)]) for s in others):
+                self.replay_to = int(plan.ckpt_step or 0)  # nobody is past the checkpoint
+                return
+            if store.check([P.transparent_at_key(gen)]):
+                at = json.loads(store.get(P.transparent_at_key(gen)))
+                self.replay_to = int(at["calls"])
+                return
+            latest = int(store.get(P.KEY_GEN))
+            if latest != gen:
+                gen, plan = latest, P.Plan.decode(store.get(P.plan_key(latest)))
+                if not plan.mode.from_checkpoint or self.slot not in plan.members:
+                    raise TransparentError(f"{self.slot}: generation {gen} is a {plan.mode} "
+                                           "plan, this script's state is not discoverable")
+            if time.monotonic() > deadline:
+                raise TransparentError(f"{self.slot}: the survivors never said where they "
+                                       f"are (generation {gen})")
+            time.sleep(0.01)
+
+    def _replay(self, loss: Any) -> Any:
+        """A replacement of a job whose data position is not discoverable: absorb the
+        script's optimizer steps (no reduction, no update; the forward and backward passes
+        do run: the script's own iterator advances only through them) until it is where
+        the survivors are, then join (the rollback loads the checkpoint)."""
+        assert self.replay_to is not None
+        self.skip_sched += 1
+        if self.calls < self.replay_to:
+            return loss
+        self.replay_to = None
+        self._join_first(at_step=True)
+        self.position.committed = self.position_now()
+        return loss
+
+    # ------------------------------------------------------------- the end
+    def finish(self) -> None:
+        """After the script: the end-of-job protocol of :meth:`Job.steps` (every member's
+        finished mark, a generation published meanwhile joined, rank 0's done mark)."""
+        job = self.job
+        if self._finished or job is None or job._m is None:
+            return
+        self._finished = True
+        self._checkpoint_if_due()
+        m = job._m
+        assert job._faults is not None
+        while True:
+            job._complete_transfer()
+            if job.rank == 0 and job._regroup_timing is not None:
+                job._mark_ready(job.step, job._mean_step_seconds())
+            job._faults.at_loop_end(step=job.step, rank=job.rank)
+            m.mark(P.finished_key(self.slot), str(job.step))
+            missing = m.await_finished(m.plan(job.gen).members, job.config.finish_timeout_s)
+            if missing and job._rejoin_at_the_end():
+                continue
+            if missing:
+                log.warning("%s leaves without the finished mark of %s", self.slot,
+                            ", ".join(missing))
+            break
+        if job._ckpt is not None:
+            job._ckpt.wait()
+        if job.rank == 0:
+            m.mark(P.KEY_DONE, str(job.step))
+
+
+# ----------------------------------------------------------------- installation
+def install() -> Transparent:
+    """Create the process's :class:`Transparent` and replace the constructors and calls
+    it discovers the training state through (idempotent). Call before the script runs."""
+    global _RT
+    if _RT is not None:
+        return _RT
+    rt = Transparent()
+    _RT = rt
+    # torchrun sets LOCAL_RANK before the script starts (scripts pick their device with
+    # it): the device the launcher gave this process (cuda:N -> N), 0 on CPU.
+    device = os.environ.get(P.ENV_DEVICE, "cpu")
+    os.environ.setdefault("LOCAL_RANK", device.split(":")[1] if ":" in device else "0")
+    for name in ("init_process_group", "get_rank", "get_world_size", "is_initialized",
+                 "new_group", "barrier", "destroy_process_group"):
+        setattr(dist, name, getattr(rt, name))
+    for name in ("all_reduce", "all_gather", "broadcast", "reduce", "all_to_all",
+                 "reduce_scatter", "send", "recv", "all_gather_object",
+                 "broadcast_object_list"):
+        setattr(dist, name, rt.unsupported(name))
+    torch.nn.parallel.DistributedDataParallel = ElasticDDP  # type: ignore[misc,assignment]
+    torch.nn.parallel.distributed.DistributedDataParallel = (  # type: ignore[misc]
+        ElasticDDP)  # type: ignore[assignment]
+
+    opt_init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        opt_init(self, *args, **kwargs)
+        rt.add_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
+
+    from torch.optim.lr_scheduler import LRScheduler
+
+    sched_init, sched_step = LRScheduler.__init__, LRScheduler.step
+
+    def scheduler_init(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
+        sched_init(self, *args, **kwargs)  # its first step() runs in there: never skipped
+        rt.add_scheduler(self)
+
+    def scheduler_step(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
+        # Not an attribute of the scheduler: its state_dict() is its whole __dict__.
+        if any(s is self for s in rt.schedulers) and not rt.scheduler_step_allowed():
+            return
+        sched_step(self, *args, **kwargs)
+
+    LRScheduler.__init__ = scheduler_init  # type: ignore[method-assign]
+    LRScheduler.step = scheduler_step  # type: ignore[method-assign]
+
+    loader_iter = DataLoader.__iter__
+
+    def iterate(self: DataLoader[Any]) -> Any:
+        if _distributed_sampler(self) is None:
+            return loader_iter(self)
+        if rt.train_loader is None:
+            rt.train_loader = self
+        if rt.train_loader is not self:
+            return loader_iter(self)
+        return rt.iterate(self, loader_iter)
+
+    DataLoader.__iter__ = iterate  # type: ignore[method-assign]
+    return rt
+
+
+def run_script(argv: list[str]) -> None:
+    """Run ``argv[0]`` as ``__main__`` with ``argv`` as ``sys.argv`` under the transparent
+    runtime, then the end-of-job protocol."""
+    import runpy
+
+    if not argv:
+        raise ConfigError("usage: python -m runtime.transparent SCRIPT [ARGS...]")
+    script = os.path.abspath(argv[0])
+    if not os.path.isfile(script):
+        raise ConfigError(f"script {argv[0]!r} does not exist")
+    rt = install()
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")
+    rt.finish()

@@ -1,0 +1,224 @@
+"""Transparent mode end to end: an unmodified torch.distributed script (no yoco import:
+tests/runtime/scripts/ddp_mlp.py) under ``yoco run --transparent``, real worker processes
+on gloo/CPU, real SIGKILLs, real records; the reference is the same script under plain
+``torchrun`` with the real DistributedDataParallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from runtime.faults import parse_fault
+from runtime.sink import JsonlFileSink
+from runtime.state import split_state
+from runtime.supervisor import LaunchConfig, launch
+from runtime.transparent import LAUNCHER
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "tests" / "runtime" / "scripts" / "ddp_mlp.py")
+GPT = str(ROOT / "tests" / "runtime" / "scripts" / "ddp_gpt.py")
+STEPS = 36  # 3 epochs of 12 batches per rank (384 samples, 2 ranks, batch 16)
+# torchrun sets it for its workers; the same here so both run the same kernels.
+ENV = {"OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(script: str, out: Path, nproc: int = 2) -> Path:
+    """Rank 0's final state after ``script`` ran failure-free under plain torchrun."""
+    env = {**os.environ, **ENV}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
+         "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP script's final state under plain torchrun."""
+    return _torchrun(SCRIPT, tmp_path_factory.mktemp("torchrun") / "ref.pt")
+
+
+def _run(tmp: Path, name: str, faults: list[str], *, extra: tuple[str, ...] = (),
+         spares: int = 1, ckpt: int = 5,
+         script: str = SCRIPT) -> tuple[Any, list[dict[str, Any]], Path]:
+    out = tmp / f"{name}.pt"
+    sink = JsonlFileSink(tmp / f"{name}.records.jsonl")
+    cfg = LaunchConfig(script=LAUNCHER, args=[script, "--out", str(out), *extra],
+                       workers=2, spares=spares, job_id=name, contract_id="c-test",
+                       runs_root=str(tmp / "runs"), checkpoint_every=ckpt,
+                       faults=[parse_fault(f) for f in faults], nvml=False,
+                       progress_interval_s=0.5, env=dict(ENV))
+    result = launch(cfg, sink)
+    return result, sink.read_all(), out
+
+
+def _state(path: Path) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    state = torch.load(path)
+    return state, split_state({"m": state["model"], "o": state["optimizer"]})[1]
+
+
+def _assert_identical(reference: Path, got: Path) -> None:
+    ref, ta = _state(reference)
+    out, tb = _state(got)
+    assert ref["scheduler"] == out["scheduler"]
+    assert len(ta) == len(tb) > 0
+    for x, y in zip(ta, tb, strict=True):
+        assert torch.equal(x, y)
+
+
+def _failures(recs: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
+    """(class, cause, outcome, lost_steps) per failure, in order."""
+    outcomes = {r["failure_event_id"]: r for r in recs if r["kind"] == "outcome"}
+    return [(r["failure_class"], r["cause"], outcomes[r["event_id"]]["outcome"],
+             outcomes[r["event_id"]]["lost_steps"]) for r in recs if r["kind"] == "failure"]
+
+
+def test_kills_in_each_phase_are_live_and_bit_identical_to_torchrun(
+        torchrun_reference: Path, tmp_path: Path) -> None:
+    """SIGKILL of a rank in the reduction, the forward pass (an epoch later: the
+    replacement's loader skips a whole iteration), the backward pass (the first batch of
+    the last epoch) and right after its own update: each time a spare receives the state
+    from the survivor (parameters, AdamW, the cosine schedule, the data position, the dead
+    rank's RNG states for its dropout) and the script goes on; the final state is the one
+    plain torchrun ends with, bit for bit."""
+    faults = ["kill:rank=1:step=5", "kill:rank=0:step=17:phase=forward",
+              "kill:rank=1:step=24:phase=backward", "kill:rank=0:step=30:phase=optimizer"]
+    result, recs, out = _run(tmp_path, "kills", faults)
+    assert result.exit_code == 0, result
+    assert result.final_step == STEPS
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 4
+    _assert_identical(torchrun_reference, out)
+
+
+def test_a_small_gpt_with_clipping_survives_kills_bit_identically(tmp_path: Path) -> None:
+    """A small GPT (attention with dropout, two AdamW parameter groups, warm-up then
+    cosine through LambdaLR, ``clip_grad_norm_`` between backward and step -- which must
+    see the averaged gradient, as under DDP): kills in the backward pass and in the
+    reduction, live, and the final state equals torchrun's bit for bit."""
+    reference = _torchrun(GPT, tmp_path / "gpt-ref.pt")
+    result, recs, out = _run(tmp_path, "gpt", ["kill:rank=1:step=6:phase=backward",
+                                               "kill:rank=0:step=21"], script=GPT)
+    assert result.exit_code == 0, result
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
+    _assert_identical(reference, out)
+
+
+def test_a_drain_and_a_warning_move_live_ranks_bit_identically(
+        torchrun_reference: Path, tmp_path: Path) -> None:
+    """Planned (drain) and pre-emptive (telemetry warning) moves of a live rank: it sends
+    its state to a spare at the next step boundary and leaves."""
+    result, recs, out = _run(tmp_path, "moves",
+                             ["drain:rank=0:step=8", "warn:rank=1:step=20"], spares=2)
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    # (In either order: a drain waits until a spare is ready, a warning may overtake it.)
+    assert sorted((c, o, lost) for c, _, o, lost in got) == [
+        ("planned", "live_migrated", 0), ("preemptive", "live_migrated", 0)], got
+    _assert_identical(torchrun_reference, out)
+
+
+def test_an_undiscoverable_iterator_rolls_back_with_the_true_lost_steps(
+        tmp_path: Path) -> None:
+    """The same script feeding its batches from a generator (no DataLoader): the runtime
+    cannot place a replacement in the data, so the job recovers by rollback to the
+    runtime's own checkpoint; the survivors' data is not rewound, so the steps since the
+    checkpoint and the interrupted one are lost -- the record says how many, and the job
+    ends exactly that many steps short."""
+    result, recs, out = _run(tmp_path, "custom", ["kill:rank=1:step=7"],
+                             extra=("--custom-iterator",))
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
+    lost = got[0][3]
+    assert lost >= 3  # steps 5 and 6 at least (checkpoint every 5), and the interrupted one
+    assert result.final_step == STEPS - lost
+    state, _ = _state(out)
+    assert state["scheduler"]["last_epoch"] == STEPS - lost  # one schedule step per update
+    finished = [r for r in recs if r["kind"] == "job_finished"]
+    assert finished and finished[0]["step"] == STEPS - lost
+
+
+def test_every_rank_lost_rolls_back_with_the_data_rewound(tmp_path: Path) -> None:
+    """Both ranks SIGKILLed in the forward pass of the same step (neither can reach a
+    collective first, so both die): no replica holds the state, the fresh processes load
+    the runtime's newest checkpoint and are placed at its data position (nobody's script
+    is past it): the lost steps are redone and the job ends at its full length."""
+    result, recs, out = _run(tmp_path, "killall", ["kill:rank=0:step=20:phase=forward",
+                                                   "kill:rank=1:step=20:phase=forward"])
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
+    # Back to a checkpoint (every 5 steps, written in the background) before the step
+    # committed when they died: 20, or 19 as far as the supervisor had heard of when it
+    # recorded or planned it (it polls rank 0's progress).
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert fail["step"] in (19, 20)
+    lost = got[0][3]
+    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
+    assert result.final_step == STEPS
+    state, _ = _state(out)
+    assert state["scheduler"]["last_epoch"] == STEPS
+
+
+def test_the_cli_runs_an_unmodified_script(torchrun_reference: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``yoco run --transparent`` (the command customers type), failure-free: the same
+    state as torchrun's."""
+    from yoco.cli import build_app
+
+    out = tmp_path / "cli.pt"
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    res = CliRunner().invoke(build_app(), [
+        "run", "--transparent", "--workers", "2", "--spares", "0", "--no-nvml",
+        "--runs-root", str(tmp_path / "runs"), "--sink",
+        f"jsonl:{tmp_path / 'cli.jsonl'}", SCRIPT, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    _assert_identical(torchrun_reference, out)
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "cli.jsonl").open()]
+    assert kinds[0] == "job_started" and kinds[-1] == "job_finished"
+
+
+def test_alone_it_is_the_script_under_torchrun_with_one_process(tmp_path: Path) -> None:
+    """``python -m runtime.transparent SCRIPT`` outside the launcher: one process, world
+    size 1, the same state as torchrun with one process (DDP of one rank)."""
+    reference = _torchrun(SCRIPT, tmp_path / "one.pt", nproc=1)
+    out = tmp_path / "alone.pt"
+    proc = subprocess.run([sys.executable, "-m", "runtime.transparent", SCRIPT, "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_identical(reference, out)
+    assert torch.load(out)["scheduler"]["last_epoch"] == 2 * STEPS  # 24 batches an epoch
+
+
+def test_an_unsupported_collective_stops_with_a_clear_error(tmp_path: Path) -> None:
+    """A use of torch.distributed the transparent mode does not replace is refused by
+    name, not run on a group the runtime does not control."""
+    script = tmp_path / "allreduce.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "dist.all_reduce(torch.ones(1))\n")
+    proc = subprocess.run([sys.executable, "-m", "runtime.transparent", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **ENV})
+    assert proc.returncode != 0
+    assert "torch.distributed.all_reduce is not supported in transparent mode" in proc.stderr
