@@ -13,6 +13,8 @@ from decimal import Decimal
 from fractions import Fraction
 from html import escape
 
+from billing.labels import CLASS_LABELS, CLASS_ORDER, OUTCOME_LABELS
+
 __all__ = [
     "CLASS_COLOURS",
     "OUTCOME_COLOURS",
@@ -32,11 +34,6 @@ OUTCOME_COLOURS: dict[str, str] = {
     "live_migrated": "#2f8a5b",
     "rolled_back": "#e0913a",
     "failed": "#b8433a",
-}
-OUTCOME_LABELS = {
-    "live_migrated": "live-migrated",
-    "rolled_back": "rolled back",
-    "failed": "failed",
 }
 AXIS = "#5b6472"
 GRID = "#dde2e8"
@@ -259,9 +256,9 @@ def lost_hours_chart(labels: Sequence[str], by_class: Sequence[Mapping[str, Deci
     return _stacked(
         labels,
         stacks,
-        ("unplanned", "preemptive", "planned"),
+        CLASS_ORDER,
         CLASS_COLOURS,
-        {"unplanned": "unplanned", "preemptive": "pre-emptive", "planned": "planned"},
+        CLASS_LABELS,
         "GPU-hours",
         "Lost GPU-hours by month and failure class",
     )

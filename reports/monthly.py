@@ -44,6 +44,14 @@ from billing.display import goodput_text as _goodput
 from billing.display import hours_text as _hours
 from billing.display import money_text as _money
 from billing.display import rate_text as _rate
+from billing.labels import (
+    cause_label,
+    causes_text,
+    class_label,
+    classes_text,
+    outcome_label,
+    status_label,
+)
 from billing.terms import Terms
 from billing.verdict import format_probability, format_seconds
 from billing.years import contract_year_bounds, contract_year_dates, month_bounds, year_of
@@ -306,16 +314,6 @@ def _figures(
     )
 
 
-_STATUS_TEXT = {
-    "resolved": "live-migrated",
-    "rolled_back": "rolled back",
-    "failed": "failed",
-    "pending": "pending",
-    "excluded": "excluded",
-    "not_covered": "not covered",
-}
-
-
 def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]:
     f = row.failure
     d = recs.details.get(f.event_id)
@@ -329,14 +327,17 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
             who = recs.approved_by.get(f.event_id)
             notes.append(f"excluded: {row.reason}" + (f" (approved by {who})" if who else ""))
         else:
-            notes.append(f"excluded cause: {row.reason}")
+            notes.append(f"excluded cause: {cause_label(row.reason)}")
     elif row.status is sla.FailureStatus.NOT_COVERED:
-        notes.append(f"class {f.failure_class} is not covered")
+        notes.append(f"class {class_label(f.failure_class)} is not covered")
     if row.status in (sla.FailureStatus.EXCLUDED, sla.FailureStatus.NOT_COVERED):
-        notes.append("outcome: " + (_STATUS_TEXT.get(o.outcome, o.outcome) if o else "pending"))
+        notes.append("outcome: " + (outcome_label(o.outcome) if o else "pending"))
     fix = recs.reclassified.get(f.event_id)
     if fix is not None:
-        notes.append(f"reclassified after a dispute (recorded as {fix[0]} / {fix[1]}): {fix[2]}")
+        notes.append(
+            f"reclassified after a dispute (recorded as {class_label(fix[0])} / "
+            f"{cause_label(fix[1])}): {fix[2]}"
+        )
     n = recs.outcome_counts.get(f.event_id, 0)
     if n > 1:
         notes.append(f"corrected: latest of {n} outcomes counts")
@@ -345,11 +346,12 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
         "time": _utc_short(f.occurred_at),
         "event_id": f.event_id,
         "job": f.job_id,
-        "failure_class": f.failure_class,
-        "cause": f.cause,
+        # As words (billing.labels: the wording of every surface); the entry keeps the code.
+        "failure_class": class_label(f.failure_class),
+        "cause": cause_label(f.cause),
         "where": where,
         "status": row.status.value,
-        "status_text": _STATUS_TEXT[row.status.value],
+        "status_text": status_label(row.status.value),
         "notes": notes,
         "lost_steps": str(o.lost_steps) if o else "—",
         "recovery": format_seconds(o.recovery_seconds) if o else "—",
@@ -629,9 +631,8 @@ def prepare_monthly_report(
             "gpu_hour_price": _money(price, cur) if price is not None else None,
             "threshold": format(terms.threshold_percent, "f"),
             "credit_percent": format(terms.credit_percent, "f"),
-            "covered_classes": ", ".join(c for c in sla.CLASS_ORDER if c in terms.covered_classes)
-            or "none",
-            "excluded_causes": ", ".join(sorted(terms.excluded_causes)) or "none",
+            "covered_classes": classes_text(terms.covered_classes),
+            "excluded_causes": causes_text(terms.excluded_causes),
         },
         "m": m_col,
         "y": y_col,

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
+from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
 from ledger.cadence import CHECKPOINT_EVERY, describe_interval
@@ -52,7 +53,7 @@ STATUSES = (
 )
 #: ``unresolved`` in the filter: every covered failure not resolved (the dashboard's card).
 UNRESOLVED = frozenset({"rolled_back", "failed", "pending"})
-CLASSES = ("unplanned", "preemptive", "planned")
+CLASSES = CLASS_ORDER
 MAX_PER_PAGE = 200
 
 
@@ -392,7 +393,8 @@ def failure_detail(
             str(failure.event_id),
             failure.seq,
             failure.occurred_at,
-            f"{failure.failure_class.capitalize()} failure: {failure.cause.replace('_', ' ')}",
+            f"{class_label(failure.failure_class).capitalize()} failure: "
+            f"{cause_label(failure.cause)}",
             {
                 "Job": failure.job_id,
                 "Node": failure.node,
@@ -415,7 +417,7 @@ def failure_detail(
                 str(o.event_id),
                 o.seq,
                 o.occurred_at,
-                ("Corrected outcome: " if n else "Outcome: ") + o.outcome.replace("_", " "),
+                ("Corrected outcome: " if n else "Outcome: ") + outcome_label(o.outcome),
                 {
                     "Lost steps": format_number(o.lost_steps),
                     "Recovery time": format_seconds(o.recovery_seconds),
