@@ -13,14 +13,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
-from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label
+from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label, status_label
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
 from ledger.cadence import CHECKPOINT_EVERY, describe_interval
@@ -290,6 +290,63 @@ def failures_page(view: YearView, flt: FailureFilter, page: int, per_page: int) 
     page = max(1, page)
     lo = (page - 1) * per_page
     return Page(rows=chosen[lo : lo + per_page], total=len(chosen), page=page, per_page=per_page)
+
+
+#: Columns of the failures CSV (:func:`failures_csv`), in order.
+FAILURE_CSV_COLUMNS = (
+    "event_id", "occurred_at_utc", "month", "job_id", "failure_class", "cause", "status",
+    "outcome", "lost_steps", "recovery_seconds", "gpus_affected", "lost_gpu_hours",
+    "excluded_because",
+)
+
+
+def failures_csv(view: YearView, flt: FailureFilter) -> bytes:
+    """The year's failures that pass ``flt`` as CSV (UTF-8 with a byte-order mark, so a
+    spreadsheet reads the names right), oldest first, one row each, with the columns of
+    :data:`FAILURE_CSV_COLUMNS`.
+
+    Classes, causes, statuses and outcomes are written in billing.labels' words (as the
+    pages show them); numbers are plain decimals (GPU-hours with six places, as the
+    report); a pending failure's outcome is "pending" and its lost figures are empty
+    (unknown, not zero).  Every cell taken from the ledger (ids, jobs, causes, reasons)
+    goes through :func:`billing.export.spreadsheet_text`, so no cell runs as a formula.
+    """
+    import csv
+    import io
+    from fractions import Fraction
+
+    from billing.export import spreadsheet_text
+    from billing.sla import decimal_string
+
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\r\n")
+    out.writerow(FAILURE_CSV_COLUMNS)
+    for r in view.rows:
+        if not flt.matches(r):
+            continue
+        row, f, o = r.row, r.row.failure, r.row.outcome
+        excluded = ""
+        if row.excluded_by == "cause":
+            excluded = f"excluded cause: {cause_label(row.reason)}"
+        elif row.excluded_by == "exclusion":
+            excluded = f"exclusion: {row.reason}"
+        cells = [
+            f.event_id,
+            f.occurred_at.astimezone(UTC).isoformat(),
+            r.month,
+            f.job_id,
+            class_label(f.failure_class),
+            cause_label(f.cause),
+            status_label(row.status.value),
+            outcome_label(o.outcome) if o else "pending",
+            str(o.lost_steps) if o else "",
+            format(o.recovery_seconds, "f") if o else "",
+            str(o.gpus_affected) if o else "",
+            decimal_string(Fraction(row.lost_gpu_seconds) / 3600) if o else "",
+            excluded,
+        ]
+        out.writerow([spreadsheet_text(c) for c in cells])
+    return ("\ufeff" + buf.getvalue()).encode("utf-8")
 
 
 FailureKey = tuple[datetime, int, str]

@@ -175,6 +175,7 @@ NOT_PAGES = {
     "/", "/public-key", "/contracts/{contract_id}/entries/{event_id}/proof",
     "/contracts/{contract_id}/reports/{month}.pdf", "/contracts/{contract_id}/checkpoints/consistency",
     "/finance/export.{fmt}", "/api/openapi.json", "/static",
+    "/contracts/{contract_id}/failures.csv",  # a download (tests/web/test_failures_csv.py)
     "/contracts/{contract_id}/log.tar.gz",
     "/metrics",  # OpenMetrics text for Prometheus (tests/web/test_metrics.py)
 }

@@ -97,6 +97,29 @@ def _failure_list(
     return _failures_page(request, view, body)
 
 
+@router.get("/contracts/{contract_id}/failures.csv")
+def failures_csv(
+    contract_id: str,
+    user: UserDep,
+    portal: PortalDep,
+    year: Annotated[int | None, Query(ge=1, le=100)] = None,
+    month: Annotated[str, Query(max_length=7)] = "",
+    failure_class: Annotated[str, Query(max_length=40)] = "",
+    cause: Annotated[str, Query(max_length=64)] = "",
+    status: Annotated[str, Query(max_length=40)] = "",
+) -> Response:
+    """Download the contract year's failures (with the list's filters) as CSV: only a
+    contract the caller may see (another customer's is not found), formula-safe cells."""
+    view = services.year_view_for(portal, user, contract_id, year, portal.now())
+    flt = services.FailureFilter(month=month or None, failure_class=failure_class or None,
+                                 cause=cause or None, status=status or None)
+    return Response(
+        services.failures_csv(view, flt),
+        media_type="text/csv; charset=utf-8",
+        headers=attachment(f"failures-{view.contract.contract_id}-year-{view.year}.csv"),
+    )
+
+
 def _failures_page(request: Request, view: Any, body: Any) -> Response:
     """The failures list: the caller's header around the cached ``body`` of ``view``."""
     return page(
