@@ -449,7 +449,6 @@ def ledger_ingest(
 
     from rich.progress import (
         BarColumn,
-        MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
@@ -461,6 +460,7 @@ def ledger_ingest(
     from ledger.stream import default_workers
     from yoco.app import extra_projected_kinds
     from yoco.database import unit_of_work
+    from yoco.render import UnitsColumn
 
     # Ctrl-C raises KeyboardInterrupt (the unit of work rolls back) until the file's
     # commit starts; from then on it waits for the commit, so "nothing written" is
@@ -484,19 +484,19 @@ def ledger_ingest(
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            UnitsColumn(),  # the file's bytes while validating, then records appended
             TimeElapsedColumn(),
             console=err,
             transient=True,
             disable=not err.is_terminal,
         ) as bar, application(schema=False) as ctx:
             size = file.stat().st_size
-            task = bar.add_task("validating", total=size)
+            task = bar.add_task("validating", total=size, unit="bytes")
             steps: list[Any] = []
 
             def appending(keys: Any) -> None:
                 bar.update(task, completed=size)
-                steps.append(bar.add_task("appending", total=len(keys)))
+                steps.append(bar.add_task("appending", total=len(keys), unit="records"))
 
             @contextmanager
             def unit() -> Iterator[Any]:
