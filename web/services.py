@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
+from billing.incidents import Incident, group_incidents
 from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label, status_label
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
@@ -290,6 +291,26 @@ def failures_page(view: YearView, flt: FailureFilter, page: int, per_page: int) 
     page = max(1, page)
     lo = (page - 1) * per_page
     return Page(rows=chosen[lo : lo + per_page], total=len(chosen), page=page, per_page=per_page)
+
+
+def incident_groups(view: YearView, rows: Sequence[Row]) -> list[tuple[Incident | None, list[Row]]]:
+    """``rows`` (a page of the list, newest first) with the failures of one incident
+    (billing.incidents, over the whole year) brought together where its newest one on the
+    page stands, oldest last as the list runs; a failure in no incident is its own group
+    with None."""
+    incidents = group_incidents([r.row.failure for r in view.rows])
+    groups: list[tuple[Incident | None, list[Row]]] = []
+    at: dict[int, list[Row]] = {}
+    for r in rows:
+        inc = incidents.get(r.event_id)
+        if inc is None:
+            groups.append((None, [r]))
+        elif inc.number in at:
+            at[inc.number].append(r)
+        else:
+            at[inc.number] = [r]
+            groups.append((inc, at[inc.number]))
+    return groups
 
 
 #: Columns of the failures CSV (:func:`failures_csv`), in order.

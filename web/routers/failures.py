@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from billing.incidents import INCIDENT_GAP
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.deps import CsrfDep, PageDb, PortalDep, UserDep
@@ -84,6 +85,8 @@ def _failure_list(
                 "contract": view.contract,
                 "tz": view.contract.timezone,
                 "result": result,
+                "groups": services.incident_groups(view, result.rows),
+                "gap_minutes": int(INCIDENT_GAP.total_seconds() // 60),
                 "flt": flt,
                 "query": query,
                 "months": [m.label for m in view.months],
