@@ -300,6 +300,7 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
         ("a", "api-docs", "/api/docs", "/api/docs"),
         ("a", "verify", "/verify", "/verify"),
         ("a", "contract-disputes", "/contracts/C-A/disputes", "/contracts/{contract_id}/disputes"),
+        ("a", "account-tokens", "/account/tokens", "/account/tokens"),
         ("a", "dashboard-not-started", "/contracts/C-A?year=2", ""),
         ("op", "operator", "/operator", "/operator"),
         ("op", "disputes", "/operator/disputes", "/operator/disputes"),

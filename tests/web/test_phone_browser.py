@@ -105,3 +105,36 @@ def test_report_and_failures_on_a_phone(incident, server) -> None:  # noqa: F811
         assert len(rows) == len(seed.failures["C-A"]) + 3
         assert sum(r["cause"] == "node power" for r in rows) == 3
         browser.close()
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1366, "height": 900}, PHONE],
+                         ids=["desktop", "phone"])
+def test_a_customer_admin_creates_and_revokes_a_token(server, viewport) -> None:  # noqa: F811
+    import httpx
+    from playwright.sync_api import expect, sync_playwright
+
+    base, seed = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport=viewport).new_page()
+        page.goto(base + "/login")
+        page.fill("input[name=email]", seed.users["a"])
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.click("nav.main-nav >> text=API tokens")
+        page.fill("[data-test=token-form] input[name=name]", "grafana")
+        page.check("[data-test=token-form] input[value=read]")
+        page.click("[data-test=token-form] button[type=submit]")
+        expect(page.locator("[data-test=token-created]")).to_contain_text("grafana")
+        text = page.locator("[data-test=token-text]").inner_text().strip()
+        scroll, client = page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client  # the token's text wraps on a phone
+        auth = {"Authorization": f"Bearer {text}"}
+        assert httpx.get(base + "/api/v1/contracts", headers=auth).status_code == 200
+        page.goto(base + "/account/tokens")
+        prefix = "_".join(text.split("_")[:2])
+        page.click(f"[data-test=revoke-{prefix}]")
+        expect(page.locator("[data-test=token-revoked]")).to_contain_text(prefix)
+        assert httpx.get(base + "/api/v1/contracts", headers=auth).status_code == 401
+        browser.close()

@@ -1,0 +1,41 @@
+"""a customer's own admin: portal users who manage their organisation's API tokens
+
+``portal_users.customer_admin``: a customer user who may create and revoke the API
+tokens of their own customer (tenant) in the portal (``/account/tokens``), which before
+only an operator could, from the command line. Only a customer user can be one.
+
+Revision ID: 0024
+Revises: 0023
+Create Date: 2026-12-02 18:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0024"
+down_revision: str | None = "0023"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column(
+        "portal_users",
+        sa.Column("customer_admin", sa.Boolean(), server_default="false", nullable=False),
+    )
+    op.create_check_constraint(
+        op.f("ck_portal_users_customer_admin_is_customer"),
+        "portal_users",
+        "NOT customer_admin OR role = 'customer'",
+    )
+
+
+def downgrade() -> None:
+    op.drop_constraint(
+        op.f("ck_portal_users_customer_admin_is_customer"), "portal_users", type_="check"
+    )
+    op.drop_column("portal_users", "customer_admin")
