@@ -1,8 +1,12 @@
-"""a customer's own admin: portal users who manage their organisation's API tokens
+"""a customer's own admin: API tokens and alert webhooks managed in the portal
 
 ``portal_users.customer_admin``: a customer user who may create and revoke the API
-tokens of their own customer (tenant) in the portal (``/account/tokens``), which before
-only an operator could, from the command line. Only a customer user can be one.
+tokens of their own customer (tenant) in the portal (``/account/tokens``), and add
+alert webhooks for it (``/account/alerts``), which before only an operator could, from
+the command line. Only a customer user can be one.
+
+``alert_destinations.customer_managed``: a webhook such an admin added: it belongs to a
+customer, and only public addresses are sent to (never ``allow_unsafe_address``).
 
 Revision ID: 0024
 Revises: 0023
@@ -32,9 +36,23 @@ def upgrade() -> None:
         "portal_users",
         "NOT customer_admin OR role = 'customer'",
     )
+    op.add_column(
+        "alert_destinations",
+        sa.Column("customer_managed", sa.Boolean(), server_default="false", nullable=False),
+    )
+    op.create_check_constraint(
+        op.f("ck_alert_destinations_customer_managed_safe"),
+        "alert_destinations",
+        "NOT customer_managed OR (customer IS NOT NULL AND kind = 'webhook' "
+        "AND NOT allow_unsafe_address)",
+    )
 
 
 def downgrade() -> None:
+    op.drop_constraint(
+        op.f("ck_alert_destinations_customer_managed_safe"), "alert_destinations", type_="check"
+    )
+    op.drop_column("alert_destinations", "customer_managed")
     op.drop_constraint(
         op.f("ck_portal_users_customer_admin_is_customer"), "portal_users", type_="check"
     )

@@ -100,3 +100,76 @@ def test_no_change_without_the_form_token_and_never_another_customers(client_for
     bob = client_for("b")
     assert bob.get("/api/v1/contracts",
                    headers={"Authorization": f"Bearer {seed.read_token_b}"}).status_code == 200
+
+
+# --------------------------------------------------------------------------- alerts
+
+PUBLIC = "https://93.184.216.34/yoco-hook"  # a public address literal: nothing resolved
+
+
+def _add_hook(client, url, events=()):
+    csrf = csrf_of(client.get("/account/alerts").text)
+    return client.post("/account/alerts", data={"csrf_token": csrf, "url": url,
+                                                "event": list(events)})
+
+
+def test_a_customer_admin_adds_a_webhook_of_their_own(client_for, seeded) -> None:
+    from alerts.models import AlertDestination
+    from alerts.services import add_webhook
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    alice, bob = client_for("a"), client_for("b")
+    assert bob.get("/account/alerts").status_code == 404
+    made = _add_hook(alice, PUBLIC, ["year_missed", "credit_issued"])
+    assert made.status_code == 200 and made.headers["cache-control"] == "no-store"
+    secret = re.search(r'data-test="webhook-secret">([^<]+)<', made.text).group(1)
+    assert secret.startswith("whsec_")
+    with unit_of_work(ctx.engine) as s:
+        (dest,) = s.query(AlertDestination).filter_by(url=PUBLIC).all()
+        assert (dest.customer, dest.customer_managed, dest.allow_unsafe_address) == (
+            "Acme AI", True, False)
+        assert sorted(dest.event_kinds) == ["credit_issued", "year_missed"]
+        name = dest.name
+        # Bravo's own webhook, added by the operator: Acme's admin neither sees nor turns it
+        add_webhook(s, name="bravo-ops", url="https://93.184.216.35/b",
+                    customer="Bravo Labs")
+    page = alice.get("/account/alerts").text
+    assert name in page and secret not in page and "bravo-ops" not in page
+    csrf = csrf_of(page)
+    assert alice.post("/account/alerts/bravo-ops/disable",
+                      data={"csrf_token": csrf}).status_code == 404
+    r = alice.post(f"/account/alerts/{name}/disable", data={"csrf_token": csrf},
+                   follow_redirects=False)
+    assert r.status_code == 303
+    assert alice.post(f"/account/alerts/{name}/disable", data={}).status_code == 403
+    with unit_of_work(ctx.engine) as s:
+        assert s.query(AlertDestination).filter_by(name=name).one().enabled is False
+        assert s.query(AlertDestination).filter_by(name="bravo-ops").one().enabled is True
+
+
+def test_a_customers_webhook_reaches_public_addresses_only(client_for, seeded) -> None:
+    from alerts.models import AlertDestination
+    from alerts.send import send_webhook
+    from yoco.database import unit_of_work
+
+    ctx, _ = seeded
+    alice = client_for("a")
+    for url, why in (("https://127.0.0.1/x", "loopback"),
+                     ("https://10.1.2.3/x", "not a public address"),
+                     ("https://[::ffff:192.168.1.1]/x", "not a public address"),
+                     ("https://169.254.169.254/latest", "metadata")):
+        r = _add_hook(alice, url)
+        assert r.status_code == 422 and why in r.text, (url, r.text[-800:])
+    assert _add_hook(alice, PUBLIC, ["record_refused"]).status_code == 422  # operator's kind
+    with unit_of_work(ctx.engine) as s:
+        assert s.query(AlertDestination).filter_by(customer_managed=True).count() == 0
+    # at each send too: a name that resolves to loopback later is refused, not connected to
+    dest = AlertDestination(name="cust-x", kind="webhook", url="https://127.0.0.1:9/x",
+                            secret="s" * 20, customer="Acme AI", customer_managed=True,
+                            allow_unsafe_address=False)
+    from datetime import UTC, datetime
+
+    got = send_webhook(dest, None, delivery_id=1, attempt=1, body=b"{}",  # type: ignore[arg-type]
+                       now=datetime.now(UTC), timeout_s=1)
+    assert not got.ok and "loopback" in (got.error or "")

@@ -301,6 +301,7 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
         ("a", "verify", "/verify", "/verify"),
         ("a", "contract-disputes", "/contracts/C-A/disputes", "/contracts/{contract_id}/disputes"),
         ("a", "account-tokens", "/account/tokens", "/account/tokens"),
+        ("a", "account-alerts", "/account/alerts", "/account/alerts"),
         ("a", "dashboard-not-started", "/contracts/C-A?year=2", ""),
         ("op", "operator", "/operator", "/operator"),
         ("op", "disputes", "/operator/disputes", "/operator/disputes"),
