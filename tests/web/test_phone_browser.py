@@ -138,3 +138,37 @@ def test_a_customer_admin_creates_and_revokes_a_token(server, viewport) -> None:
         expect(page.locator("[data-test=token-revoked]")).to_contain_text(prefix)
         assert httpx.get(base + "/api/v1/contracts", headers=auth).status_code == 401
         browser.close()
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1366, "height": 900}, PHONE],
+                         ids=["desktop", "phone"])
+def test_a_customer_admin_adds_and_turns_off_a_webhook(server, viewport) -> None:  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    base, seed = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport=viewport).new_page()
+        page.goto(base + "/login")
+        page.fill("input[name=email]", seed.users["a"])
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.click("nav.main-nav >> text=Alerts")
+        page.fill("[data-test=webhook-form] input[name=url]", "https://10.0.0.7/hook")
+        page.click("[data-test=webhook-form] button[type=submit]")
+        expect(page.locator("main")).to_contain_text("not a public address")
+        page.goto(base + "/account/alerts")
+        page.fill("[data-test=webhook-form] input[name=url]", "https://93.184.216.34/hook")
+        page.check("[data-test=webhook-form] input[value=year_missed]")
+        page.click("[data-test=webhook-form] button[type=submit]")
+        expect(page.locator("[data-test=webhook-created]")).to_be_visible()
+        expect(page.locator("[data-test=webhook-secret]")).to_contain_text("whsec_")
+        scroll, client = page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client
+        page.goto(base + "/account/alerts")
+        row = page.locator("table.data tbody tr").first
+        expect(row).to_contain_text("year missed")
+        row.locator("button").click()
+        expect(page.locator("table.data tbody tr").first).to_contain_text("off")
+        browser.close()
