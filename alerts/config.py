@@ -114,29 +114,45 @@ def _reason(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     return None
 
 
-def unsafe_reason(address: str) -> str | None:
+def _strict_reason(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    why = _reason(ip)
+    if why is not None:
+        return why
+    if ip.is_loopback:
+        return "loopback"
+    if not ip.is_global:
+        return "not a public address"
+    return None
+
+
+def unsafe_reason(address: str, *, strict: bool = False) -> str | None:
     """Why ``address`` (an IP literal) is unsafe to send to, or None when it is fine.
 
+    ``strict`` (a destination a customer added in the portal, not the operator): only
+    public addresses are fine — loopback, private, shared and every other non-global
+    range are refused too (a customer must not reach the vendor's own network).
     An IPv6 address carrying an IPv4 (:func:`embedded_ipv4`) is unsafe when that IPv4
     is; the IPv4 is then named."""
+    reason = _strict_reason if strict else _reason
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
         for v4, form in embedded_ipv4(ip):
-            why = _reason(v4)
+            why = reason(v4)
             if why is not None:
                 return f"{why}: {v4}, carried in the address ({form})"
         if ip.ipv4_mapped is not None:
             return None  # the IPv4 it maps to decides, as for the IPv4 itself
-    return _reason(ip)
+    return reason(ip)
 
 
 def check_host(host: str, *, field: str, allow_unsafe: bool = False,
-               resolve: Resolver | None = None) -> list[str]:
+               resolve: Resolver | None = None, strict: bool = False) -> list[str]:
     """Resolve ``host`` and refuse it if any address is unsafe (see the module docstring).
 
     Returns the addresses. Raises :class:`UnsafeAddress` naming ``field`` and the address,
     or :class:`BadDestination` when the host does not resolve. With ``allow_unsafe`` the
-    host is not checked (nor resolved) at all.
+    host is not checked (nor resolved) at all. ``strict``: only public addresses
+    (:func:`unsafe_reason`).
     """
     if allow_unsafe:
         return []
@@ -145,7 +161,7 @@ def check_host(host: str, *, field: str, allow_unsafe: bool = False,
     except OSError as exc:
         raise BadDestination(f"{field}: cannot resolve host {host!r} ({exc})") from exc
     for a in addresses:
-        why = unsafe_reason(a)
+        why = unsafe_reason(a, strict=strict)
         if why is not None:
             raise UnsafeAddress(
                 f"{field}: host {host!r} resolves to {a}, {why}; refused (it could reach the "
@@ -164,15 +180,16 @@ def _is_ip(host: str) -> bool:
 
 
 def check_webhook_url(url: str, *, allow_unsafe: bool = False,
-                      resolve: Resolver | None = None) -> str:
+                      resolve: Resolver | None = None, strict: bool = False) -> str:
     """Refuse a webhook URL that is malformed, not http(s), carries credentials or points
-    at an unsafe address; return it unchanged. Errors name the field (``url``)."""
-    webhook_addresses(url, allow_unsafe=allow_unsafe, resolve=resolve)
+    at an unsafe address (``strict``: any but a public one); return it unchanged. Errors
+    name the field (``url``)."""
+    webhook_addresses(url, allow_unsafe=allow_unsafe, resolve=resolve, strict=strict)
     return url
 
 
 def webhook_addresses(url: str, *, allow_unsafe: bool = False,
-                      resolve: Resolver | None = None) -> list[str]:
+                      resolve: Resolver | None = None, strict: bool = False) -> list[str]:
     """The checks of :func:`check_webhook_url`; return the addresses the host resolved
     to, every one of them checked (empty with ``allow_unsafe``: nothing is resolved).
     The sender connects to one of these very addresses (no second lookup)."""
@@ -206,7 +223,8 @@ def webhook_addresses(url: str, *, allow_unsafe: bool = False,
         _ = parts.port
     except ValueError as exc:
         raise BadDestination(f"url: bad port ({exc})") from exc
-    return check_host(host, field="url", allow_unsafe=allow_unsafe, resolve=resolve)
+    return check_host(host, field="url", allow_unsafe=allow_unsafe, resolve=resolve,
+                      strict=strict)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -85,6 +85,11 @@ class AlertDestination(Base):
     mail_from: Mapped[str | None] = mapped_column(Text)
     mail_to: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
     customer: Mapped[str | None] = mapped_column(Text)
+    #: Added by the customer's own admin in the portal: public addresses only (the
+    #: operator's destinations may name internal receivers).
+    customer_managed: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, server_default="false"
+    )
     event_kinds: Mapped[list[str]] = mapped_column(
         ARRAY(Text), nullable=False, server_default="{}"
     )
@@ -109,6 +114,8 @@ class AlertDestination(Base):
             "event_kinds <@ ARRAY[" + ", ".join(repr(k) for k in EVENT_KINDS) + "]::text[]",
             name="event_kinds_known",
         ),
+        CheckConstraint("NOT customer_managed OR (customer IS NOT NULL AND kind = 'webhook' "
+                        "AND NOT allow_unsafe_address)", name="customer_managed_safe"),
     )
 
 

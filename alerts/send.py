@@ -157,7 +157,10 @@ def send_webhook(dest: AlertDestination, event: AlertEvent, *, delivery_id: int,
         return AttemptResult(ok=False, error=f"destination {dest.name}: a webhook without "
                              "its URL or secret")
     try:
-        addresses = webhook_addresses(dest.url, allow_unsafe=dest.allow_unsafe_address)
+        # a customer's own destination: public addresses only, checked again at each send
+        # (a name may resolve elsewhere since it was added)
+        addresses = webhook_addresses(dest.url, allow_unsafe=dest.allow_unsafe_address,
+                                      strict=bool(dest.customer_managed))
     except AlertsError as exc:
         return AttemptResult(ok=False, error=str(exc))
     target, extensions, host_header = _pinned(dest.url, addresses)

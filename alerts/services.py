@@ -102,11 +102,17 @@ def add_webhook(
     customer: str | None = None,
     events: Sequence[str] | None = None,
     allow_unsafe_address: bool = False,
+    customer_managed: bool = False,
 ) -> tuple[AlertDestination, str]:
     """Add a webhook destination; return it and its signing secret (generated when not
-    given: show it once, the receiver needs it). Raises BadDestination/UnsafeAddress."""
+    given: show it once, the receiver needs it). Raises BadDestination/UnsafeAddress.
+    ``customer_managed``: added by the customer's own admin (the portal): a customer is
+    required and only public addresses are accepted, now and at each send."""
     _check_name(session, name)
-    check_webhook_url(url, allow_unsafe=allow_unsafe_address)
+    if customer_managed and (customer is None or allow_unsafe_address):
+        raise BadDestination("customer: a customer's own webhook names its customer and "
+                             "only public addresses")
+    check_webhook_url(url, allow_unsafe=allow_unsafe_address, strict=customer_managed)
     if secret is None:
         secret = new_secret()
     elif not isinstance(secret, str) or len(secret) < 16 or len(secret) > 200 \
@@ -116,7 +122,7 @@ def add_webhook(
         name=name, kind="webhook", url=url, secret=secret,
         customer=_check_customer(session, customer), event_kinds=_check_kinds(events),
         allow_unsafe_address=bool(allow_unsafe_address), enabled=True, mail_to=[],
-        smtp_starttls=False,
+        smtp_starttls=False, customer_managed=customer_managed,
     )
     session.add(dest)
     session.flush()

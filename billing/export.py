@@ -23,7 +23,7 @@ import json
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -36,7 +36,7 @@ from billing.errors import ExportRefused
 from billing.models import Credit
 from billing.money import format_minor, minor_unit_exponent
 from billing.sla import decimal_string
-from billing.years import contract_year_dates
+from billing.yearend import year_days
 from ledger import journal
 from ledger.canonical import canonical_bytes
 from ledger.contracts import get_contract
@@ -185,7 +185,7 @@ def export_rows(
     q = q.order_by(Credit.issued_at, Credit.contract_id, Credit.year, Credit.credit_note)
     rows: list[dict[str, Any]] = []
     for c, customer, start_date, leaf in session.execute(q):
-        first, after = contract_year_dates(start_date, c.year)
+        first, last = year_days(start_date, c.year)
         cur = c.currency
         remaining = 0 if c.status == "void" else c.amount_minor - c.applied_minor
         rows.append(
@@ -198,7 +198,7 @@ def export_rows(
                 "contract_id": c.contract_id,
                 "contract_year": c.year,
                 "period_start": first.isoformat(),
-                "period_end": (after - timedelta(days=1)).isoformat(),
+                "period_end": last.isoformat(),
                 "covered_failures": c.covered_failures,
                 "resolved_failures": c.resolved_failures,
                 "resolution_rate": ""

@@ -12,8 +12,9 @@ get it does nothing and says so; and underneath, :func:`billing.closing.close_ye
 locks the contract's log and the live-credit unique index refuses a second credit, so
 even runs that bypassed the lock could not issue a credit twice.
 
-:func:`year_phase` says where a year stands for people: ``open``, ``ended, closing``
-(ended, waiting for the next run) or ``closed``, and when its credit, if any, is issued.
+:func:`year_phase` says where a year stands for people (billing.yearend's words: ``not
+started``, ``open``, ``ended, closing`` — ended, waiting for the next run — or
+``closed``), and when its credit, if any, is issued.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from billing.closing import CloseResult, close_due
 from billing.models import BillingYear
+from billing.yearend import year_state, year_state_label
 from billing.years import contract_year_bounds, require_aware
 from ledger.checkpoints import SignedHead, sign_grown
 from ledger.contracts import get_contract
@@ -146,9 +148,10 @@ def checkpoint_run(
 class YearPhase:
     """Where a contract year stands, for people.
 
-    ``state``: ``open`` (not ended), ``closing`` (ended, not closed yet: the scheduler
-    closes it within :data:`CLOSE_DUE_EVERY`) or ``closed``. ``label`` is the words to
-    show (``open``, ``ended, closing``, ``closed``); ``credit_note`` says when a credit,
+    ``state`` (billing.yearend.YEAR_STATES): ``not_started``, ``open`` (not ended),
+    ``closing`` (ended, not closed yet: the scheduler closes it within
+    :data:`CLOSE_DUE_EVERY`) or ``closed``. ``label`` is the words to show (``not
+    started``, ``open``, ``ended, closing``, ``closed``); ``credit_note`` says when a credit,
     if the guarantee is missed, is (or was) issued.
     """
 
@@ -182,39 +185,39 @@ def _when(t: datetime) -> str:
 def year_phase(
     session: Session, contract_id: str, year: int, *, now: datetime | None = None
 ) -> YearPhase:
-    """Where contract year ``year`` of ``contract_id`` stands at ``now``; read-only.
+    """Where contract year ``year`` of ``contract_id`` stands at ``now``; read-only.  The
+    state and its words are billing.yearend's (the credits page and the export use them).
 
     Raises :class:`~ledger.errors.UnknownContract` or ValueError (bad year, naive now).
     """
     now = require_aware("now", now) if now is not None else datetime.now(UTC)
     contract = get_contract(session, contract_id)
-    _, end = contract_year_bounds(contract.start_date, contract.timezone, year)
+    start, end = contract_year_bounds(contract.start_date, contract.timezone, year)
     closes_by = end + CLOSE_DUE_EVERY
     row = session.get(BillingYear, (contract_id, year))
-    if row is not None:
-        closed_at = row.closed_at.astimezone(UTC)
+    state = year_state(start, end, now, row is not None)
+    closed_at = row.closed_at.astimezone(UTC) if row is not None else None
+    if row is not None and closed_at is not None:
         note = (
             f"closed {_when(closed_at)}: the guarantee was met, no credit is due"
             if row.guarantee_met
             else f"closed {_when(closed_at)}: the guarantee was missed and the credit was "
             "issued then"
         )
-        return YearPhase(contract_id=contract_id, year=year, state="closed", ends_at=end,
-                         closes_by=closes_by, closed_at=closed_at, label="closed",
-                         credit_note=note)
-    if now < end:
+    elif state in ("open", "not_started"):
         note = (
-            f"the year ends {_when(end)}; it is closed automatically by {_when(closes_by)}, "
+            (f"the year starts {_when(start)} and ends {_when(end)}"
+             if state == "not_started" else f"the year ends {_when(end)}")
+            + f"; it is closed automatically by {_when(closes_by)}, "
             "and if the guarantee was missed the renewal credit is issued then, "
             "without any claim"
         )
-        return YearPhase(contract_id=contract_id, year=year, state="open", ends_at=end,
-                         closes_by=closes_by, closed_at=None, label="open", credit_note=note)
-    note = (
-        f"the year ended {_when(end)} and is being closed automatically (by "
-        f"{_when(max(closes_by, now))}); if the guarantee was missed the renewal credit is "
-        "issued then, without any claim"
-    )
-    return YearPhase(contract_id=contract_id, year=year, state="closing", ends_at=end,
-                     closes_by=closes_by, closed_at=None, label="ended, closing",
-                     credit_note=note)
+    else:
+        note = (
+            f"the year ended {_when(end)} and is being closed automatically (by "
+            f"{_when(max(closes_by, now))}); if the guarantee was missed the renewal credit "
+            "is issued then, without any claim"
+        )
+    return YearPhase(contract_id=contract_id, year=year, state=state, ends_at=end,
+                     closes_by=closes_by, closed_at=closed_at,
+                     label=year_state_label(state), credit_note=note)

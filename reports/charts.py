@@ -13,6 +13,8 @@ from decimal import Decimal
 from fractions import Fraction
 from html import escape
 
+from billing.labels import CLASS_LABELS, CLASS_ORDER, OUTCOME_LABELS
+
 __all__ = [
     "CLASS_COLOURS",
     "OUTCOME_COLOURS",
@@ -33,11 +35,6 @@ OUTCOME_COLOURS: dict[str, str] = {
     "rolled_back": "#e0913a",
     "failed": "#b8433a",
 }
-OUTCOME_LABELS = {
-    "live_migrated": "live-migrated",
-    "rolled_back": "rolled back",
-    "failed": "failed",
-}
 AXIS = "#5b6472"
 GRID = "#dde2e8"
 INK = "#1d2733"
@@ -53,10 +50,13 @@ def _n(x: float) -> str:
 
 
 def _text(x: float, y: float, s: str, *, size: float = 10, anchor: str = "middle",
-          fill: str = AXIS, weight: str = "normal") -> str:
+          fill: str = AXIS, weight: str = "normal", cls: str = "") -> str:
+    # ``cls`` names the text's part (x, y, unit, legend, val): report.css sets each
+    # part's size on a phone, where the chart is drawn at about half its width.
+    klass = f' class="{cls}"' if cls else ""
     return (
         f'<text x="{_n(x)}" y="{_n(y)}" font-size="{_n(size)}" text-anchor="{anchor}" '
-        f'fill="{fill}" font-weight="{weight}">{escape(s)}</text>'
+        f'fill="{fill}" font-weight="{weight}"{klass}>{escape(s)}</text>'
     )
 
 
@@ -113,8 +113,9 @@ def _legend(items: Sequence[tuple[str, str, str]], y: float) -> list[str]:
                 f'<line x1="{_n(x)}" y1="{_n(y - 3)}" x2="{_n(x + 14)}" y2="{_n(y - 3)}" '
                 f'stroke="{colour}" stroke-width="2"{dash}/>'
             )
-        out.append(_text(x + 18, y, label, anchor="start", size=9.5, fill=INK))
-        x += 26 + 5.6 * len(label)
+        out.append(_text(x + 18, y, label, anchor="start", size=9.5, fill=INK, cls="legend"))
+        # room for the label at a phone's larger size (report.css), not only at 9.5
+        x += 26 + 10.5 * len(label)
     return out
 
 
@@ -125,8 +126,10 @@ def _frame(labels: Sequence[str]) -> tuple[list[str], float, float]:
     n = max(len(labels), 1)
     slot = plot_w / n
     out = []
+    crowded = n > 6  # on a phone every other label is left out (report.css)
     for i, label in enumerate(labels):
-        out.append(_text(LEFT + slot * (i + 0.5), H - BOTTOM + 14, label, size=9))
+        cls = "x odd" if crowded and i % 2 else "x"
+        out.append(_text(LEFT + slot * (i + 0.5), H - BOTTOM + 14, label, size=9, cls=cls))
     out.append(
         f'<line x1="{_n(LEFT)}" y1="{_n(H - BOTTOM)}" x2="{_n(W - RIGHT)}" '
         f'y2="{_n(H - BOTTOM)}" stroke="{AXIS}" stroke-width="1"/>'
@@ -162,7 +165,7 @@ def rate_chart(months: Sequence[MonthRate], threshold_percent: Decimal) -> str:
             f'<line x1="{_n(LEFT)}" y1="{_n(y)}" x2="{_n(W - RIGHT)}" y2="{_n(y)}" '
             f'stroke="{GRID}" stroke-width="0.8"/>'
         )
-        body.append(_text(LEFT - 6, y + 3.5, f"{tick} %", anchor="end", size=9))
+        body.append(_text(LEFT - 6, y + 3.5, f"{tick} %", anchor="end", size=9, cls="y"))
     bar_w = min(slot * 0.55, 38)
     points = []
     for i, m in enumerate(months):
@@ -175,7 +178,7 @@ def rate_chart(months: Sequence[MonthRate], threshold_percent: Decimal) -> str:
                 f'height="{_n(TOP + plot_h - y)}" fill="#7fa7d6"/>'
             )
         else:
-            body.append(_text(cx, TOP + plot_h - 4, "none", size=8))
+            body.append(_text(cx, TOP + plot_h - 4, "none", size=8, cls="val"))
         if m.ytd_covered:
             points.append((cx, y_of(float(Fraction(m.ytd_resolved * 100, m.ytd_covered)))))
     ty = y_of(float(threshold_percent))
@@ -229,8 +232,9 @@ def _stacked(
             f'<line x1="{_n(LEFT)}" y1="{_n(y)}" x2="{_n(W - RIGHT)}" y2="{_n(y)}" '
             f'stroke="{GRID}" stroke-width="0.8"/>'
         )
-        body.append(_text(LEFT - 6, y + 3.5, _fmt_tick(v, step), anchor="end", size=9))
-    body.append(_text(12, TOP + plot_h / 2, unit, size=9, anchor="middle").replace(
+        body.append(_text(LEFT - 6, y + 3.5, _fmt_tick(v, step), anchor="end", size=9,
+                          cls="y"))
+    body.append(_text(12, TOP + plot_h / 2, unit, size=9, anchor="middle", cls="unit").replace(
         "<text ", f'<text transform="rotate(-90 12 {_n(TOP + plot_h / 2)})" ', 1))
     bar_w = min(slot * 0.55, 38)
     for i, stack in enumerate(stacks):
@@ -259,9 +263,9 @@ def lost_hours_chart(labels: Sequence[str], by_class: Sequence[Mapping[str, Deci
     return _stacked(
         labels,
         stacks,
-        ("unplanned", "preemptive", "planned"),
+        CLASS_ORDER,
         CLASS_COLOURS,
-        {"unplanned": "unplanned", "preemptive": "pre-emptive", "planned": "planned"},
+        CLASS_LABELS,
         "GPU-hours",
         "Lost GPU-hours by month and failure class",
     )

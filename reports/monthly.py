@@ -44,6 +44,13 @@ from billing.display import goodput_text as _goodput
 from billing.display import hours_text as _hours
 from billing.display import money_text as _money
 from billing.display import rate_text as _rate
+from billing.labels import (
+    cause_label,
+    class_label,
+    classes_text,
+    outcome_label,
+    status_label,
+)
 from billing.terms import Terms
 from billing.verdict import format_probability, format_seconds
 from billing.witness_policy import WitnessStatus, checkpoint_status
@@ -311,16 +318,6 @@ def _figures(
     )
 
 
-_STATUS_TEXT = {
-    "resolved": "live-migrated",
-    "rolled_back": "rolled back",
-    "failed": "failed",
-    "pending": "pending",
-    "excluded": "excluded",
-    "not_covered": "not covered",
-}
-
-
 def _note(text: str, *values: str) -> Markup:
     """``text`` with each ``{}`` filled by one value, escaped and bidi-isolated on its own."""
     return escape(text).format(*(isolated(v) for v in values))
@@ -346,16 +343,20 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
                 else _note("excluded: {}", str(row.reason))
             )
         else:
-            notes.append(_note("excluded cause: {}", str(row.reason)))
+            notes.append(_note("excluded cause: {}", cause_label(str(row.reason))))
     elif row.status is sla.FailureStatus.NOT_COVERED:
-        notes.append(_note("class {} is not covered", f.failure_class))
+        notes.append(_note("class {} is not covered", class_label(f.failure_class)))
     if row.status in (sla.FailureStatus.EXCLUDED, sla.FailureStatus.NOT_COVERED):
-        shown = _STATUS_TEXT.get(o.outcome, o.outcome) if o else "pending"
-        notes.append(_note("outcome: {}", shown))
+        notes.append(_note("outcome: {}", outcome_label(o.outcome) if o else "pending"))
     fix = recs.reclassified.get(f.event_id)
     if fix is not None:
         notes.append(
-            _note("reclassified after a dispute (recorded as {} / {}): {}", fix[0], fix[1], fix[2])
+            _note(
+                "reclassified after a dispute (recorded as {} / {}): {}",
+                class_label(fix[0]),
+                cause_label(fix[1]),
+                fix[2],
+            )
         )
     n = recs.outcome_counts.get(f.event_id, 0)
     if n > 1:
@@ -365,11 +366,12 @@ def _row(i: int, row: sla.FailureRow, recs: CheckpointRecords) -> dict[str, Any]
         "time": _utc_short(f.occurred_at),
         "event_id": f.event_id,
         "job": f.job_id,
-        "failure_class": f.failure_class,
-        "cause": f.cause,
+        # As words (billing.labels: the wording of every surface); the entry keeps the code.
+        "failure_class": class_label(f.failure_class),
+        "cause": cause_label(f.cause),
         "where": where,
         "status": row.status.value,
-        "status_text": _STATUS_TEXT[row.status.value],
+        "status_text": status_label(row.status.value),
         "notes": notes,
         "lost_steps": str(o.lost_steps) if o else "—",
         "recovery": format_seconds(o.recovery_seconds) if o else "—",
@@ -651,10 +653,11 @@ def prepare_monthly_report(
             "gpu_hour_price": _money(price, cur) if price is not None else None,
             "threshold": format(terms.threshold_percent, "f"),
             "credit_percent": format(terms.credit_percent, "f"),
-            "covered_classes": ", ".join(c for c in sla.CLASS_ORDER if c in terms.covered_classes)
-            or "none",
+            "covered_classes": classes_text(terms.covered_classes),
             # causes are terms' text: each one isolated, the list's commas outside
-            "excluded_causes": Markup(", ").join(isolated(c) for c in sorted(terms.excluded_causes))
+            "excluded_causes": Markup(", ").join(
+                isolated(cause_label(c)) for c in sorted(set(terms.excluded_causes))
+            )
             or "none",
         },
         "m": m_col,

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import ensure
 from ledger.models import Contract
-from web.errors import Invalid, RateLimited
+from web.errors import Forbidden, Invalid, RateLimited
 from web.models import ROLES, ApiToken, PortalSession, PortalUser
 from web.security import hash_password, new_api_token, same_hash, sha256, token_prefix
 from web.security import verify_password as _verify
@@ -47,6 +47,8 @@ class Principal:
     session_binding: str | None = None
     #: A token's extra scopes (:data:`TOKEN_SCOPES`); users have none.
     scopes: frozenset[str] = frozenset()
+    #: A customer user who manages their own customer's API tokens (``/account/tokens``).
+    customer_admin: bool = False
 
     @property
     def is_staff(self) -> bool:
@@ -68,6 +70,7 @@ def principal_of_user(user: PortalUser, binding: str | None = None) -> Principal
         role=user.role,
         customer=user.customer if user.role == "customer" else None,
         session_binding=binding,
+        customer_admin=bool(user.customer_admin) and user.role == "customer",
     )
 
 
@@ -95,9 +98,13 @@ def add_user(
     role: str,
     password: str,
     customer: str | None = None,
+    customer_admin: bool = False,
 ) -> PortalUser:
-    """Create a user (refusing a bad e-mail, role, short password or a taken e-mail)."""
+    """Create a user (refusing a bad e-mail, role, short password or a taken e-mail).
+    ``customer_admin``: a customer user who manages their customer's API tokens."""
     email = check_user_fields(email=email, role=role, customer=customer)
+    if customer_admin and role != "customer":
+        raise Invalid("only a customer user can be their customer's admin (--customer-admin)")
     if len(password) < MIN_PASSWORD:
         raise Invalid(f"the password must have at least {MIN_PASSWORD} characters")
     if session.execute(select(PortalUser.id).where(PortalUser.email == email)).first():
@@ -108,6 +115,7 @@ def add_user(
         role=role,
         customer=customer.strip() if customer else None,
         password_hash=hash_password(hasher, password),
+        customer_admin=customer_admin,
     )
     session.add(user)
     session.flush()
@@ -387,6 +395,72 @@ def create_token(
     session.add(row)
     session.flush()
     return CreatedToken(row=row, text=new.text)
+
+
+def _customer_contracts(session: Session, customer: str) -> set[str]:
+    return set(session.execute(
+        select(Contract.contract_id).where(Contract.customer == customer)
+    ).scalars())
+
+
+def _of_tenant(row: ApiToken, customer: str, mine: set[str]) -> bool:
+    """A token is a customer's when it reads that customer's data, or posts records only
+    for that customer's contracts (and reads nobody else's)."""
+    if row.customer is not None:
+        return row.customer == customer
+    return bool(row.contract_ids) and set(row.contract_ids) <= mine
+
+
+def tenant_tokens(session: Session, customer: str) -> list[ApiToken]:
+    """The API tokens of ``customer`` (:func:`_of_tenant`), live ones first, newest first
+    within each; read as the application role (tokens are no tenant's table)."""
+    mine = _customer_contracts(session, customer)
+    rows = session.execute(select(ApiToken).order_by(ApiToken.id.desc())).scalars()
+    out = [r for r in rows if _of_tenant(r, customer, mine)]
+    return sorted(out, key=lambda r: r.revoked_at is not None)
+
+
+def create_tenant_token(
+    session: Session, principal: Principal, *, name: str, kind: str,
+    contract_ids: list[str] | None = None,
+) -> CreatedToken:
+    """A customer admin's new token for their own customer: ``kind`` ``read`` (reads the
+    customer's data through the API, as the portal shows it) or ``records`` (posts
+    records for the named contracts, each of which must be the customer's).  Raises
+    :class:`Invalid` naming the field, :class:`~web.errors.Forbidden` for anyone but a
+    customer admin."""
+    if principal.kind != "user" or not principal.customer_admin or principal.customer is None:
+        raise Forbidden("Only your organisation's admin manages its API tokens.")
+    name = name.strip()
+    if not name or len(name) > 100 or not name.isprintable():
+        raise Invalid("name: 1 to 100 printable characters")
+    if kind == "read":
+        return create_token(session, name=name, customer=principal.customer)
+    if kind != "records":
+        raise Invalid(f"kind: 'read' or 'records', got {kind!r}")
+    ids = sorted(set(contract_ids or []))
+    if not ids:
+        raise Invalid("contracts: choose at least one contract the token posts records for")
+    foreign = [c for c in ids if c not in _customer_contracts(session, principal.customer)]
+    if foreign:
+        raise Invalid(f"contracts: not yours: {', '.join(foreign)}")
+    return create_token(session, name=name, contract_ids=ids)
+
+
+def revoke_tenant_token(session: Session, principal: Principal, prefix: str) -> bytes | None:
+    """Revoke the customer admin's own customer's live token ``prefix`` and return its
+    stored hash (what a cache of live tokens is keyed by); None when the customer has no
+    such live token (another customer's is never touched)."""
+    if principal.kind != "user" or not principal.customer_admin or principal.customer is None:
+        raise Forbidden("Only your organisation's admin manages its API tokens.")
+    row = session.execute(
+        select(ApiToken).where(ApiToken.prefix == prefix, ApiToken.revoked_at.is_(None))
+    ).scalar_one_or_none()
+    if row is None or not _of_tenant(row, principal.customer,
+                                     _customer_contracts(session, principal.customer)):
+        return None
+    row.revoked_at = datetime.now(UTC)
+    return bytes(row.secret_hash)
 
 
 def token_principal(session: Session, text: str) -> Principal | None:

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.labels import cause_label, class_label
 from billing.money import format_minor, format_money
 
 
@@ -165,7 +166,7 @@ def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list
                 "event_id": str(r.event_id),
                 "seq": r.seq,
                 "at": r.occurred_at,
-                "title": f"Reclassified: {r.failure_class} / {r.cause.replace('_', ' ')}",
+                "title": f"Reclassified: {class_label(r.failure_class)} / {cause_label(r.cause)}",
                 "detail": {"Reason": r.reason},
             }
         )

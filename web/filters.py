@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 from jinja2 import Environment
 from markupsafe import Markup, escape
 
+from billing.labels import cause_label, class_label, outcome_label, state_label, status_label
 from billing.money import format_money
 from billing.verdict import (
     format_elapsed,
@@ -26,6 +27,7 @@ from billing.verdict import (
     format_rate,
     format_seconds,
 )
+from billing.yearend import closed_verdict_text
 from web.views import MonthFigures, month_verdict
 from yoco_records.textsafe import isolate, isolate_stored
 
@@ -98,9 +100,9 @@ def day(value: datetime | None, tz: str = "UTC") -> str:
     return value.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d")
 
 
-def label(value: str | None) -> str:
-    """A code (``rolled_back``) as words (``rolled back``)."""
-    return (value or "").replace("_", " ")
+# A state code (a status, a resolution) as words; a failure's class, cause and outcome
+# have their own filters: billing.labels is the one wording of each.
+label = state_label
 
 
 _CODE_SPAN = re.compile(r"``?([^`]+?)``?")
@@ -121,6 +123,9 @@ def install(env: Environment) -> None:
     env.filters.update(
         pct=pct, chance=chance, waited=waited, num=num, when=when, day=day, label=label,
         gpu_hours=gpu_hours, secs=secs, money=money, codespans=codespans,
+        cause_label=cause_label, class_label=class_label, outcome_label=outcome_label,
+        status_label=status_label,
+        closed_verdict=closed_verdict_text,
     )
     env.globals["monthly_chart"] = monthly_chart
     env.globals["month_verdict"] = month_verdict

@@ -40,6 +40,10 @@ class PortalUser(Base):
     customer: Mapped[str | None] = mapped_column(Text)
     password_hash: Mapped[str] = mapped_column(Text, nullable=False)
     disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
+    #: A customer user who manages their own customer's API tokens in the portal.
+    customer_admin: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, server_default="false"
+    )
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
@@ -50,6 +54,8 @@ class PortalUser(Base):
             "(role = 'customer') = (customer IS NOT NULL)", name="customer_iff_customer_role"
         ),
         CheckConstraint("email = lower(email)", name="email_lower"),
+        CheckConstraint("NOT customer_admin OR role = 'customer'",
+                        name="customer_admin_is_customer"),
     )
 
 

@@ -13,13 +13,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
+from billing.incidents import Incident, group_incidents
+from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label, status_label
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
 from ledger.cadence import CHECKPOINT_EVERY, describe_interval
@@ -52,7 +54,7 @@ STATUSES = (
 )
 #: ``unresolved`` in the filter: every covered failure not resolved (the dashboard's card).
 UNRESOLVED = frozenset({"rolled_back", "failed", "pending"})
-CLASSES = ("unplanned", "preemptive", "planned")
+CLASSES = CLASS_ORDER
 MAX_PER_PAGE = 200
 
 
@@ -291,6 +293,83 @@ def failures_page(view: YearView, flt: FailureFilter, page: int, per_page: int) 
     return Page(rows=chosen[lo : lo + per_page], total=len(chosen), page=page, per_page=per_page)
 
 
+def incident_groups(view: YearView, rows: Sequence[Row]) -> list[tuple[Incident | None, list[Row]]]:
+    """``rows`` (a page of the list, newest first) with the failures of one incident
+    (billing.incidents, over the whole year) brought together where its newest one on the
+    page stands, oldest last as the list runs; a failure in no incident is its own group
+    with None."""
+    incidents = group_incidents([r.row.failure for r in view.rows])
+    groups: list[tuple[Incident | None, list[Row]]] = []
+    at: dict[int, list[Row]] = {}
+    for r in rows:
+        inc = incidents.get(r.event_id)
+        if inc is None:
+            groups.append((None, [r]))
+        elif inc.number in at:
+            at[inc.number].append(r)
+        else:
+            at[inc.number] = [r]
+            groups.append((inc, at[inc.number]))
+    return groups
+
+
+#: Columns of the failures CSV (:func:`failures_csv`), in order.
+FAILURE_CSV_COLUMNS = (
+    "event_id", "occurred_at_utc", "month", "job_id", "failure_class", "cause", "status",
+    "outcome", "lost_steps", "recovery_seconds", "gpus_affected", "lost_gpu_hours",
+    "excluded_because",
+)
+
+
+def failures_csv(view: YearView, flt: FailureFilter) -> bytes:
+    """The year's failures that pass ``flt`` as CSV (UTF-8 with a byte-order mark, so a
+    spreadsheet reads the names right), oldest first, one row each, with the columns of
+    :data:`FAILURE_CSV_COLUMNS`.
+
+    Classes, causes, statuses and outcomes are written in billing.labels' words (as the
+    pages show them); numbers are plain decimals (GPU-hours with six places, as the
+    report); a pending failure's outcome is "pending" and its lost figures are empty
+    (unknown, not zero).  Every cell taken from the ledger (ids, jobs, causes, reasons)
+    goes through :func:`billing.export.spreadsheet_text`, so no cell runs as a formula.
+    """
+    import csv
+    import io
+    from fractions import Fraction
+
+    from billing.export import spreadsheet_text
+    from billing.sla import decimal_string
+
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\r\n")
+    out.writerow(FAILURE_CSV_COLUMNS)
+    for r in view.rows:
+        if not flt.matches(r):
+            continue
+        row, f, o = r.row, r.row.failure, r.row.outcome
+        excluded = ""
+        if row.excluded_by == "cause":
+            excluded = f"excluded cause: {cause_label(row.reason)}"
+        elif row.excluded_by == "exclusion":
+            excluded = f"exclusion: {row.reason}"
+        cells = [
+            f.event_id,
+            f.occurred_at.astimezone(UTC).isoformat(),
+            r.month,
+            f.job_id,
+            class_label(f.failure_class),
+            cause_label(f.cause),
+            status_label(row.status.value),
+            outcome_label(o.outcome) if o else "pending",
+            str(o.lost_steps) if o else "",
+            format(o.recovery_seconds, "f") if o else "",
+            str(o.gpus_affected) if o else "",
+            decimal_string(Fraction(row.lost_gpu_seconds) / 3600) if o else "",
+            excluded,
+        ]
+        out.writerow([spreadsheet_text(c) for c in cells])
+    return ("\ufeff" + buf.getvalue()).encode("utf-8")
+
+
 FailureKey = tuple[datetime, int, str]
 
 
@@ -392,7 +471,8 @@ def failure_detail(
             str(failure.event_id),
             failure.seq,
             failure.occurred_at,
-            f"{failure.failure_class.capitalize()} failure: {failure.cause.replace('_', ' ')}",
+            f"{class_label(failure.failure_class).capitalize()} failure: "
+            f"{cause_label(failure.cause)}",
             {
                 "Job": failure.job_id,
                 "Node": failure.node,
@@ -415,7 +495,7 @@ def failure_detail(
                 str(o.event_id),
                 o.seq,
                 o.occurred_at,
-                ("Corrected outcome: " if n else "Outcome: ") + o.outcome.replace("_", " "),
+                ("Corrected outcome: " if n else "Outcome: ") + outcome_label(o.outcome),
                 {
                     "Lost steps": format_number(o.lost_steps),
                     "Recovery time": format_seconds(o.recovery_seconds),

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -367,10 +367,11 @@ def contracts_import(
 def contracts_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List contracts."""
+    """List contracts with the terms of their current year: the covered failure classes,
+    the excluded causes, the threshold and the credit."""
     from rich.table import Table
 
-    from ledger.contracts import list_contracts
+    from billing.terms import Terms
 
     if REMOTE.server is not None:
         with remote_client() as api:
@@ -378,35 +379,61 @@ def contracts_list(
                 {"contract_id": c.contract_id, "customer": c.customer,
                  "start_date": c.start_date, "timezone": c.timezone,
                  "term_years": c.term_years, "currency": c.currency,
-                 "annual_value": c.annual_value}
+                 "annual_value": c.annual_value, "current_year": c.current_year,
+                 "terms": Terms.from_json(c.terms).to_json()}
                 for c in api.contracts()
             ]
     else:
         with application() as ctx:
-            rows = [
-                {"contract_id": r.contract_id, "customer": r.customer,
-                 "start_date": r.start_date.isoformat(), "timezone": r.timezone,
-                 "term_years": r.term_years, "currency": r.currency,
-                 "annual_value": str(r.annual_value)}
-                for r in _unit(ctx, list_contracts)
-            ]
+            rows = _unit(ctx, _contract_rows)
     if as_json:
         print_json(rows, ensure_ascii=True)
         return
+    from billing.display import plain
+    from billing.labels import causes_text, classes_text
+    from billing.yearend import period_text, year_days
     from yoco.render import grouped, print_table
 
-    table = Table("contract", "customer", "start", "tz", "years", "currency", "annual value")
+    table = Table("contract", "customer", "current year (first and last day)",
+                  "covered classes", "excluded causes", "threshold", "credit if missed",
+                  "time zone", "annual value")
     for r in rows:
+        terms = Terms.from_json(r["terms"])
+        k = int(r["current_year"])
+        first, last = year_days(date.fromisoformat(r["start_date"]), k)
         table.add_row(
             r["contract_id"],
             r["customer"],
-            r["start_date"],
+            f"{k} of {r['term_years']} ({period_text(first, last)})",
+            classes_text(terms.covered_classes),
+            causes_text(terms.excluded_causes),
+            f"≥ {plain(terms.threshold_percent)} % resolved",
+            f"{plain(terms.credit_percent)} % of the renewal",
             r["timezone"],
-            str(r["term_years"]),
-            r["currency"],
-            grouped(r["annual_value"]),
+            f"{grouped(r['annual_value'])} {r['currency']}",
         )
     print_table(out, table)
+
+
+def _contract_rows(s: Any) -> list[dict[str, Any]]:
+    """Every contract with the terms in force in its current year (amendments applied)."""
+    from billing.amendments import contract_in_force
+    from billing.services import current_year
+    from ledger.contracts import get_contract, list_contracts
+
+    now = datetime.now(UTC)
+    rows = []
+    for r in list_contracts(s):
+        k = current_year(get_contract(s, r.contract_id), now)
+        force = contract_in_force(s, r.contract_id, k)
+        rows.append(
+            {"contract_id": r.contract_id, "customer": r.customer,
+             "start_date": r.start_date.isoformat(), "timezone": r.timezone,
+             "term_years": force.term_years, "currency": r.currency,
+             "annual_value": str(r.annual_value), "current_year": k,
+             "terms": force.terms.to_json()}
+        )
+    return rows
 
 
 # --- ledger ---------------------------------------------------------------------------
@@ -436,7 +463,6 @@ def ledger_ingest(
 
     from rich.progress import (
         BarColumn,
-        MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
@@ -448,6 +474,7 @@ def ledger_ingest(
     from ledger.stream import default_workers
     from yoco.app import extra_projected_kinds
     from yoco.database import unit_of_work
+    from yoco.render import UnitsColumn
 
     # Ctrl-C raises KeyboardInterrupt (the unit of work rolls back) until the file's
     # commit starts; from then on it waits for the commit, so "nothing written" is
@@ -471,19 +498,19 @@ def ledger_ingest(
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            UnitsColumn(),  # the file's bytes while validating, then records appended
             TimeElapsedColumn(),
             console=err,
             transient=True,
             disable=not err.is_terminal,
         ) as bar, application(schema=False) as ctx:
             size = file.stat().st_size
-            task = bar.add_task("validating", total=size)
+            task = bar.add_task("validating", total=size, unit="bytes")
             steps: list[Any] = []
 
             def appending(keys: Any) -> None:
                 bar.update(task, completed=size)
-                steps.append(bar.add_task("appending", total=len(keys)))
+                steps.append(bar.add_task("appending", total=len(keys), unit="records"))
 
             @contextmanager
             def unit() -> Iterator[Any]:

@@ -237,28 +237,32 @@ def status_cmd(
     """
     from billing.schedule import year_phase
     from billing.services import credit_status, current_year, year_status
+    from billing.yearend import closed_verdict_text, period_text, year_days
     from ledger.contracts import get_contract
 
-    def read(s: Any) -> tuple[Any, Any, Any, int]:
+    def read(s: Any) -> tuple[Any, Any, Any, int, Any]:
         k = year
+        c = get_contract(s, contract_id)
         if k is None:
-            k = current_year(get_contract(s, contract_id), datetime.now(UTC))
+            k = current_year(c, datetime.now(UTC))
         return (year_status(s, contract_id, k), credit_status(s, contract_id, k),
-                year_phase(s, contract_id, k), k)
+                year_phase(s, contract_id, k), k, c)
 
     with application() as ctx:
-        st, cr, phase, year = _unit(ctx, read)
+        st, cr, phase, year, contract = _unit(ctx, read)
+    period, tz = period_text(*year_days(contract.start_date, year)), contract.timezone
     if as_json:
         _print_json({"contract_id": contract_id, "year": year, "close": st, "credit": cr,
                      "phase": phase.to_json()})
         return
+    # billing.yearend's words, as the credits page and the finance export write them
+    head = f"{contract_id} year {year} ({period}, {tz}): {phase.label}"
     if st is None:
-        out.print(f"{contract_id} year {year}: {phase.label} — {phase.credit_note}",
-                  highlight=False)
+        out.print(f"{head} — {phase.credit_note}", highlight=False)
     else:
         out.print(
-            f"{contract_id} year {year}: closed at {st['closed_at']}, guarantee "
-            f"{'met' if st['guarantee_met'] else 'missed'}, {st['adjustments']} adjustment(s)"
+            f"{head} at {st['closed_at']}, {closed_verdict_text(st['guarantee_met'])}, "
+            f"{st['adjustments']} adjustment(s)"
             + (", PENDING ADJUSTMENT" if st["pending_adjustment"] else ""),
             highlight=False,
         )
@@ -279,9 +283,13 @@ def credits_cmd(
     from rich.table import Table
 
     from billing.services import credits_of
+    from billing.yearend import period_text, year_days
+    from ledger.contracts import get_contract
 
     with application() as ctx:
-        rows = _unit(ctx, lambda s: credits_of(s, contract_id))
+        rows, start = _unit(
+            ctx, lambda s: (credits_of(s, contract_id), get_contract(s, contract_id).start_date)
+        )
     if as_json:
         _print_json(rows)
         return
@@ -290,11 +298,13 @@ def credits_cmd(
     if not rows:
         out.print(f"{contract_id}: no credit has been issued", highlight=False)
         return
-    table = Table("credit note", "year", "amount", "currency", "status", "applied", "remaining")
+    table = Table("credit note", "year", "period (first and last day)", "amount", "currency",
+                  "status", "applied", "remaining")
     for c in rows:
         table.add_row(
             c["credit_note"],
             str(c["year"]),
+            period_text(*year_days(start, int(c["year"]))),
             grouped(c["amount"]),
             c["currency"],
             c["status"],

@@ -194,6 +194,11 @@ def users_add(
         str | None, typer.Option(help="The customer (as on its contracts); customer users only.")
     ] = None,
     name: Annotated[str, typer.Option(help="Display name.")] = "",
+    customer_admin: Annotated[
+        bool,
+        typer.Option("--customer-admin", help="A customer user who manages their customer's "
+                     "API tokens in the portal (/account/tokens)."),
+    ] = False,
     password_stdin: Annotated[
         bool, typer.Option("--password-stdin", help="Read the password from standard input.")
     ] = False,
@@ -208,17 +213,21 @@ def users_add(
         check_user_fields(email=email, role=role, customer=customer)
     except WebError as exc:
         fail(exc.message)
+    if customer_admin and role != "customer":
+        fail("--customer-admin: only a customer user can be their customer's admin")
     password = _password(password_stdin)
     with application() as ctx:
         try:
             with unit_of_work(ctx.engine) as s:
                 user = add_user(s, password_hasher(), email=email, name=name or email,
-                                role=role, password=password, customer=customer)
+                                role=role, password=password, customer=customer,
+                                customer_admin=customer_admin)
                 known = customer is None or customer_exists(s, customer)
         except WebError as exc:
             fail(exc.message)
     out.print(f"created {user.role} user {user.email}"
-              + (f" of customer {user.customer!r}" if user.customer else ""), highlight=False)
+              + (f" of customer {user.customer!r}" if user.customer else "")
+              + (" (manages its API tokens)" if user.customer_admin else ""), highlight=False)
     if not known:
         err.print(f"note: no contract belongs to customer {customer!r} yet", highlight=False)
 

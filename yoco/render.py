@@ -8,7 +8,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
+from rich.progress import ProgressColumn, Task
 from rich.table import Table
+from rich.text import Text
 
 from billing.verdict import Verdict, verdict_of_json
 from yoco_records.textsafe import safe_text
@@ -24,6 +26,28 @@ def grouped(value: Any, places: int | None = None) -> str:
     if places is not None:
         d = d.quantize(Decimal(1).scaleb(-places))
     return f"{d:,}"
+
+
+def progress_units(completed: float, total: float | None, unit: str) -> str:
+    """How far a progress bar is, in its unit: bytes as ``12.3 MB of 45.6 MB`` (decimal
+    units, as ``ls -h --si``), anything else counted: ``1,234 of 5,000 records``."""
+    from rich.filesize import decimal
+
+    if unit == "bytes":
+        done = decimal(int(completed))
+        return f"{done} of {decimal(int(total))}" if total is not None else done
+    done_n = f"{int(completed):,}"
+    return (f"{done_n} of {int(total):,} {unit}" if total is not None else f"{done_n} {unit}")
+
+
+class UnitsColumn(ProgressColumn):
+    """A rich progress column that says what the bar counts (:func:`progress_units`): the
+    task's ``unit`` field (``bytes``, ``records``, …; default ``items``)."""
+
+    def render(self, task: Task) -> Text:
+        """The task's progress in its unit."""
+        return Text(progress_units(task.completed, task.total,
+                                   str(task.fields.get("unit", "items"))))
 
 
 def print_table(console: Console, table: Table) -> None:

@@ -216,7 +216,7 @@ def test_month_that_tips_the_year_into_a_miss(
         <= Fraction(1, 200)
     # Exclusions with reason and approver, excluded causes, corrections, pending.
     assert "customer's own OOM killer (ticket 4411) (approved by j.doe)" in text
-    assert "excluded cause: facility_power" in text
+    assert "excluded cause: facility power" in text  # billing.labels.cause_label
     assert "corrected: latest of 2 outcomes counts" in text
     assert "class planned is not covered" in text
     for row in report.rows:

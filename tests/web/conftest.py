@@ -119,8 +119,9 @@ def seeded(yoco_env: dict[str, str], tmp_path: Path) -> Iterator[
             ("op", "olga@vendor.example", "operator", None),
             ("fin", "finn@vendor.example", "finance", None),
         ):
+            # Alice is Acme's admin (she manages its API tokens); Bob is no admin.
             add_user(s, hasher, email=email, name=email.split("@")[0].title(), role=role,
-                     password=PASSWORD, customer=cust)
+                     password=PASSWORD, customer=cust, customer_admin=key == "a")
             seed.users[key] = email
         seed.token = create_token(s, name="runtime-a", contract_ids=["C-A"]).text
         seed.read_token_b = create_token(s, name="bravo-tools", customer="Bravo Labs").text

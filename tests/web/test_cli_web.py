@@ -33,6 +33,14 @@ def test_users_and_tokens_from_the_command_line(yoco_env, tmp_path) -> None:
     assert r.exit_code == 2 and "at least" in r.output
     r = _yoco(["users", "list"])
     assert "ann@nine.example" in r.output
+    # a customer's admin manages its API tokens in the portal (/account/tokens)
+    r = _yoco(["users", "add", "--email", "it@nine.example", "--customer", "Nine Inc",
+               "--customer-admin", "--password-stdin"], input="a long enough password\n")
+    assert r.exit_code == 0 and "(manages its API tokens)" in r.output, r.output
+    r = _yoco(["users", "add", "--email", "op2@v.example", "--role", "operator",
+               "--customer-admin"])
+    assert r.exit_code == 2 and "only a customer user" in r.output
+    assert "Password" not in r.output
 
     r = _yoco(["tokens", "create", "--name", "rt", "--contract", "C-9"])
     assert r.exit_code == 0, r.output

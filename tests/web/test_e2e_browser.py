@@ -175,6 +175,7 @@ NOT_PAGES = {
     "/", "/public-key", "/contracts/{contract_id}/entries/{event_id}/proof",
     "/contracts/{contract_id}/reports/{month}.pdf", "/contracts/{contract_id}/checkpoints/consistency",
     "/finance/export.{fmt}", "/api/openapi.json", "/static",
+    "/contracts/{contract_id}/failures.csv",  # a download (tests/web/test_failures_csv.py)
     "/contracts/{contract_id}/log.tar.gz",
     "/metrics",  # OpenMetrics text for Prometheus (tests/web/test_metrics.py)
 }
@@ -299,6 +300,8 @@ def test_every_page_at_desktop_and_phone_width(old_year, tmp_path) -> None:
         ("a", "api-docs", "/api/docs", "/api/docs"),
         ("a", "verify", "/verify", "/verify"),
         ("a", "contract-disputes", "/contracts/C-A/disputes", "/contracts/{contract_id}/disputes"),
+        ("a", "account-tokens", "/account/tokens", "/account/tokens"),
+        ("a", "account-alerts", "/account/alerts", "/account/alerts"),
         ("a", "dashboard-not-started", "/contracts/C-A?year=2", ""),
         ("op", "operator", "/operator", "/operator"),
         ("op", "disputes", "/operator/disputes", "/operator/disputes"),

@@ -53,6 +53,8 @@ def _valid(seed: Any) -> dict[str, str]:
         "size1": str(seed.sizes["C-A"]), "size2": str(seed.sizes["C-A"]),
         "reason": "fuzz", "note": "fuzz", "decision": "reject", "email": "nobody@x.example",
         "password": "not the one",
+        # /account/tokens/{prefix}/revoke and /account/alerts/{name}/{action}
+        "prefix": "yoco_fuzz0000", "name": "cust-fuzz", "action": "disable",
     }
 
 

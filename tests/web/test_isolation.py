@@ -26,6 +26,11 @@ def _ids(seed: Any) -> dict[str, str]:
         "month": "2026-03",
         "year": "1",
         "fmt": "csv",
+        # Bravo's read token: Acme's admin may not revoke it (/account/tokens/{prefix})
+        "prefix": seed.read_token_b.split("_")[0] + "_" + seed.read_token_b.split("_")[1],
+        # /account/alerts/{name}/{action}: no destination of Acme's has this name
+        "name": "cust-bravo",
+        "action": "disable",
     }
 
 

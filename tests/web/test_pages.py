@@ -162,7 +162,7 @@ def test_year_close_credit_and_finance_export(seeded) -> None:
     with TestClient(app) as olga:
         login(olga, seed.users["op"])
         page = olga.get("/operator/years")
-        assert "C-A" in page.text and page.text.count("ended, waiting to be closed") == 3
+        assert "C-A" in page.text and page.text.count("ended, closing") == 3  # billing.yearend
         # The overview lists the years waiting to be closed too.
         assert 'data-test="waiting-years"' in olga.get("/operator").text
         # No credit from a single click: the confirmation page says what will be issued.

@@ -23,7 +23,7 @@ def test_failure_page_reads_as_words(client_for, seed) -> None:
     alice = client_for("a")
     resolved = alice.get(f"/contracts/C-A/failures/{seed.failures['C-A'][0]}").text
     title = re.search(r"<title>([^<]+)</title>", resolved).group(1)
-    assert seed.failures["C-A"][0] not in title and "Unplanned failure: gpu lost" in title
+    assert seed.failures["C-A"][0] not in title and "Unplanned failure: GPU lost" in title
     # 8 GPUs × 2.5 s of recovery: 20 GPU-seconds = 0.0056 GPU-hours, not "0.01", and why.
     assert 'data-test="lost-gpu-hours">0.0056<' in resolved
     assert "8 GPUs × (2.5 s recovery)" in resolved

@@ -100,7 +100,7 @@ def _a_failed_delivery(c: TestClient) -> int:
 
     portal = c.app.state.portal  # type: ignore[attr-defined]
     with portal.db.write() as s:
-        if not list_destinations(s):
+        if "walk-hook" not in {d.name for d in list_destinations(s)}:
             add_webhook(s, name="walk-hook", url="http://127.0.0.1:9/walk")
         set_enabled(s, "walk-hook", True)
         raise_event(s, NewEvent(kind="test", key=f"test:walk:{uuid.uuid4()}",
@@ -122,7 +122,57 @@ def _expect_logout(caller: str, tenant: str | None) -> str | int:
     return 403 if caller in TOKENS else "ok"
 
 
+def _customer_admin_only(caller: str, tenant: str | None) -> str | int:
+    refused = _page_refusal(caller)
+    if refused is not None:
+        return refused
+    # Acme's admin (cust_a), for Acme's own tokens and webhooks; everyone else: 404
+    return "ok" if caller == "cust_a" and tenant in ("A", None) else 404
+
+
+_CUSTOMERS = {"C-A": "Acme AI", "C-B": "Bravo Labs"}
+
+
+def _a_fresh_token(c: TestClient, cid: str) -> str:
+    """A new read token of the contract's customer (each call revokes one)."""
+    from web.accounts import create_token
+
+    with c.app.state.portal.db.write() as s:  # type: ignore[attr-defined]
+        return create_token(s, name="walk", customer=_CUSTOMERS[cid]).row.prefix
+
+
+def _a_fresh_hook(c: TestClient, cid: str) -> str:
+    """A new webhook of the contract's customer (each call turns one off)."""
+    from alerts.services import add_webhook
+
+    name = f"walk-{uuid.uuid4().hex[:8]}"
+    with c.app.state.portal.db.write() as s:  # type: ignore[attr-defined]
+        add_webhook(s, name=name, url="https://93.184.216.34/walk", customer=_CUSTOMERS[cid])
+    return name
+
+
 CASES: dict[tuple[str, str], Case] = {
+    ("POST", "/account/tokens"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            "/account/tokens", data={"csrf_token": csrf, "name": "walk", "kind": "read"},
+            follow_redirects=False),
+        expect=_customer_admin_only, writes=False, tenanted=False),
+    ("POST", "/account/tokens/{prefix}/revoke"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            f"/account/tokens/{_a_fresh_token(c, cid)}/revoke", data={"csrf_token": csrf},
+            follow_redirects=False),
+        expect=_customer_admin_only, writes=False),
+    ("POST", "/account/alerts"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            "/account/alerts", data={"csrf_token": csrf,
+                                     "url": "https://93.184.216.34/walk"},
+            follow_redirects=False),
+        expect=_customer_admin_only, writes=False, tenanted=False),
+    ("POST", "/account/alerts/{name}/{action}"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            f"/account/alerts/{_a_fresh_hook(c, cid)}/disable", data={"csrf_token": csrf},
+            follow_redirects=False),
+        expect=_customer_admin_only, writes=False),
     ("POST", "/login"): Case(
         call=lambda c, cid, csrf, seed: c.post(
             "/login", data={"email": seed.users["a"], "password": PASSWORD,
@@ -283,6 +333,10 @@ def test_every_write_route_allows_exactly(walk_app, seeded, tokens) -> None:
     allowed = sorted(k for k, v in got.items() if v == "ok" and k[0:2] not in (
         ("POST", "/login"), ("POST", "/logout")))
     assert allowed == sorted([
+        ("POST", "/account/alerts", "cust_a", None),
+        ("POST", "/account/alerts/{name}/{action}", "cust_a", "A"),
+        ("POST", "/account/tokens", "cust_a", None),
+        ("POST", "/account/tokens/{prefix}/revoke", "cust_a", "A"),
         ("POST", "/api/v1/records", "ingest_a", "A"),
         ("POST", "/api/v1/records", "ingest_b", "B"),
         ("POST", "/contracts/{contract_id}/failures/{event_id}/disputes", "cust_a", "A"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from web.routers import (
+    account,
     alerts,
     api_checkpoints,
     api_contracts,
@@ -44,4 +45,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     api_reports.router,
     auditlog.router,
     metrics.router,
+    account.router,
 )

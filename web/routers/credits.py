@@ -17,6 +17,7 @@ def credit_page(
     request: Request, contract_id: str, user: UserDep, db: PageDb, portal: PortalDep
 ) -> Response:
     """Every year of the term: closed or not, guarantee met or not, and the credit issued."""
+    from billing.yearend import period_text, year_days, year_state, year_state_label
     from billing.years import contract_year_bounds
 
     contract = services.contract_for(db, user, contract_id)
@@ -26,13 +27,15 @@ def credit_page(
     years = []
     for k in range(1, contract.term_years + 1):
         start, end = contract_year_bounds(contract.start_date, contract.timezone, k)
+        close = closes.get(k)
         years.append(
             {
                 "year": k,
-                "start": start,
-                "end": end,
-                "state": "ended" if end <= now else ("running" if start <= now else "to come"),
-                "close": closes.get(k),
+                # first and last day, both included: the words of the export and the CLI
+                "period": period_text(*year_days(contract.start_date, k)),
+                "state": year_state_label(year_state(start, end, now, close is not None)),
+                "ended": end <= now,
+                "close": close,
                 "credit": next((c for c in credits if c["year"] == k), None),
             }
         )

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from billing.incidents import INCIDENT_GAP
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.deps import CsrfDep, PageDb, PortalDep, UserDep
@@ -84,6 +85,8 @@ def _failure_list(
                 "contract": view.contract,
                 "tz": view.contract.timezone,
                 "result": result,
+                "groups": services.incident_groups(view, result.rows),
+                "gap_minutes": int(INCIDENT_GAP.total_seconds() // 60),
                 "flt": flt,
                 "query": query,
                 "months": [m.label for m in view.months],
@@ -95,6 +98,29 @@ def _failure_list(
     key = ("failures", scope_key(user), *view_stamp(view), filters, page_no, per_page)
     body = portal.pages.get_or_make(key, render)
     return _failures_page(request, view, body)
+
+
+@router.get("/contracts/{contract_id}/failures.csv")
+def failures_csv(
+    contract_id: str,
+    user: UserDep,
+    portal: PortalDep,
+    year: Annotated[int | None, Query(ge=1, le=100)] = None,
+    month: Annotated[str, Query(max_length=7)] = "",
+    failure_class: Annotated[str, Query(max_length=40)] = "",
+    cause: Annotated[str, Query(max_length=64)] = "",
+    status: Annotated[str, Query(max_length=40)] = "",
+) -> Response:
+    """Download the contract year's failures (with the list's filters) as CSV: only a
+    contract the caller may see (another customer's is not found), formula-safe cells."""
+    view = services.year_view_for(portal, user, contract_id, year, portal.now())
+    flt = services.FailureFilter(month=month or None, failure_class=failure_class or None,
+                                 cause=cause or None, status=status or None)
+    return Response(
+        services.failures_csv(view, flt),
+        media_type="text/csv; charset=utf-8",
+        headers=attachment(f"failures-{view.contract.contract_id}-year-{view.year}.csv"),
+    )
 
 
 def _failures_page(request: Request, view: Any, body: Any) -> Response:
