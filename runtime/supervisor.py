@@ -186,9 +186,15 @@ class LaunchConfig:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
 
 
-#: How long a death's failure record waits for its exit status (the cause) at most; it
-#: is written as soon as the status is known (normally within milliseconds of the death),
-#: before anything else is decided about it that could be lost with the supervisor.
+#: Deaths this close to an unplanned failure's detection are the same incident (a node,
+#: a replica group or the whole job going down is seen one process at a time): one
+#: failure record naming every dead worker, one outcome. The record waits for the
+#: window to close; its draft (runtime.outbox.Outbox.write_drafts) is durable at the
+#: first death, before the recovery is planned, so a supervisor dying inside the window
+#: loses nothing: ``--resume`` records the draft (see Supervisor._resume).
+MERGE_WINDOW_S = 1.0
+
+#: How long a death's failure record waits for its exit status (the cause) at most.
 EXIT_STATUS_WAIT_S = 5.0
 
 #: How long spare replenishment waits for a recovery in progress (see _replenish).
@@ -560,24 +566,63 @@ class Supervisor:
         with contextlib.suppress(OSError, ValueError, KeyError):
             what = (f"coordinator stopped at step {last}, cut off from its hosts "
                     f"({json.loads(stopped_note.read_text())['why']})")[:300]
-        inc = self._open_incident(
-            FailureClass.UNPLANNED, "supervisor_lost", [], last,
-            f"{what}; restarted, the job {how}"
-            + (f"; {len(open_failures)} open failure(s) closed by this rollback"
-               if open_failures else ""), detected=mono_time(stopped))
+        # Failures the lost supervisor had acted on but not recorded yet (it died inside
+        # their merge window): its loss is part of that incident -- one failure, the
+        # draft's (its id, date, cause, node), saying so, and no supervisor_lost failure.
+        known = {r["event_id"] for r in self._outbox_history()}
+        drafts = [d for d in self.outbox.read_drafts()
+                  if d["event_id"] not in known and d.get("job_id") == self.job_id]
+        incidents = self._record_drafts(drafts, last, f"{what} before recording it; "
+                                                    f"restarted, the job {how}")
+        if not incidents:
+            incidents = [self._open_incident(
+                FailureClass.UNPLANNED, "supervisor_lost", [], last,
+                f"{what}; restarted, the job {how}"
+                + (f"; {len(open_failures)} open failure(s) closed by this rollback"
+                   if open_failures else ""), detected=mono_time(stopped))]
         for f in open_failures:
             log.warning("failure %s (%s) was left without an outcome by the lost "
                         "supervisor: it gets this rollback's outcome", f.event_id, f.cause)
         with contextlib.suppress(FileNotFoundError):
             stopped_note.unlink()  # its failure is recorded (just above)
         self.last_step = last
-        self.recovery = Recovery(incidents=[*open_failures, inc], gen=0,
+        self.recovery = Recovery(incidents=[*open_failures, *incidents], gen=0,
                                  outcome=Outcome.ROLLED_BACK, lost_steps=last - ck_step)
         if ck is not None:
             self._publish(P.Plan(gen=0, mode=P.PlanMode.RESUME, members=members,
                                  ckpt=str(ck[1]), ckpt_step=ck_step))
         else:
             self._publish(P.Plan(gen=0, mode=P.PlanMode.START, members=members))
+
+    def _record_drafts(self, drafts: list[dict[str, Any]], last: int, note: str
+                       ) -> list[Incident]:
+        """Write the failure record of each draft a lost supervisor left (see
+        MERGE_WINDOW_S) with its own id, date, cause and node, ``note`` appended to its
+        detail and its step the last committed one ``last`` when later (the rollback's
+        lost steps are counted from there); then remove the drafts. Returns their
+        incidents, open until this resume's rollback gives them their outcome."""
+        incidents = []
+        for d in drafts:
+            tail = f"; {note}"
+            detail = (str(d.get("detail") or "")[:max(500 - len(tail), 0)] + tail)[:500]
+            step = max(int(d.get("step") or 0), last)
+            try:
+                rec = R.validate_record({**d, "detail": detail, "step": step})
+                occurred = datetime.fromisoformat(rec["occurred_at"]).timestamp()
+                failure_class = FailureClass(rec["failure_class"])
+            except (RecordError, ValueError, KeyError, TypeError) as exc:
+                log.error("a lost supervisor's failure draft %s is not a valid failure "
+                          "(%s): recorded as the supervisor's loss instead", d["event_id"], exc)
+                continue
+            self._emit(rec)
+            log.warning("failure %s/%s on %s at step %d, acted on by the lost supervisor "
+                        "but not recorded by it: recorded now (%s)", rec["failure_class"],
+                        rec["cause"], rec.get("node", "-"), step, detail)
+            incidents.append(Incident(event_id=rec["event_id"], failure_class=failure_class,
+                                      cause=rec["cause"], slots=[],
+                                      detected=mono_time(occurred), step=step))
+        self.outbox.write_drafts([])
+        return incidents
 
     def _finished_already(self, prior: list[dict[str, Any]]) -> JobResult:
         """``--resume`` of a job whose end is recorded: start nothing, only deliver."""
@@ -627,14 +672,24 @@ class Supervisor:
             time.sleep(0.005)
 
     # ----------------------------------------------------------------- failures
-    def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
-                        step: int, detail: str, detected: float) -> dict[str, Any]:
+    def _build_failure(self, failure_class: FailureClass, cause: str, slots: list[str],
+                       step: int, detail: str, detected: float,
+                       event_id: str | None = None) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
         node = (self.pool.node_of(slots[0]) if slots else None) or self.node
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
                         failure_class=failure_class.value, cause=cause, node=node,
                         gpu=gpu, step=step, detail=detail,
                         occurred_at=datetime.fromtimestamp(wall_time(detected), UTC).isoformat())
+        if event_id is not None:
+            rec["event_id"] = event_id  # the id its draft was journalled under
+        return rec
+
+    def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
+                        step: int, detail: str, detected: float,
+                        event_id: str | None = None) -> dict[str, Any]:
+        rec = self._build_failure(failure_class, cause, slots, step, detail, detected,
+                                  event_id)
         self._emit(rec)
         log.warning("failure %s/%s on %s at step %d: %s", failure_class, cause,
                     ",".join(slots) or "-", step, detail)
@@ -709,12 +764,10 @@ class Supervisor:
         detected = min([time.monotonic()] + [f.since for s, _ in dead
                                               if (f := self.fenced.get(s)) and f.since])
         self._handle_progress()  # the step reached, as of now
-        # No settle window: deaths seen in one pass are one incident (a node's processes
-        # die at once); a death seen later while the incident's failure record is still
-        # unwritten (its exit status pending) joins it; once written, a later death is a
-        # failure of its own in the same recovery (re-planned), its detail naming the
-        # failure recorded first -- a record once written is never rewritten, so the
-        # supervisor may die at any moment without losing or changing one.
+        # Deaths of one incident (a node, a replica group, the whole job: seen one
+        # process at a time) within MERGE_WINDOW_S of its detection join it -- one
+        # failure, one outcome -- and the recovery is planned again from all of them. A
+        # later death during the recovery is a failure of its own naming the first.
         for slot, _ in dead:
             self.retired.add(slot)
             self.moving.discard(slot)
@@ -722,37 +775,90 @@ class Supervisor:
         self.first_fault = None
         pending = self.recovery.incidents
         last = pending[-1] if pending else None
-        if last is not None and not last.emitted:
+        if last is not None and last.failure_class == FailureClass.UNPLANNED \
+                and detected - last.detected < MERGE_WINDOW_S:
             pending.pop()
             last.slots += slots
+            self._journal_deaths()  # the draft names them too, before the plan changes
             self._recover(last, [s for s in slots if s in self.members])
             return
-        inc = Incident(event_id="", failure_class=FailureClass.UNPLANNED, cause="",
-                       slots=slots, detected=detected, step=self.last_step, emitted=False,
-                       gen=self.gen)
+        inc = Incident(event_id=R.new_event_id(), failure_class=FailureClass.UNPLANNED,
+                       cause="", slots=slots, detected=detected, step=self.last_step,
+                       emitted=False, gen=self.gen)
         first = next((i for i in pending if i.emitted), None)
         if first is not None:
             inc.joined = (f"; during the recovery from failure {first.event_id} "
                           f"({first.cause})")
         self.unemitted.append(inc)
+        # Durable before anything is decided about it: the record itself waits for the
+        # merge window, its draft does not (a supervisor dying now loses nothing).
+        self._journal_deaths()
         self.killed_at = self._read_killed_at()
         self._recover(inc, [s for s in slots if s in self.members])
 
+    def _exit_statuses(self, inc: Incident, *, wait: bool) -> list[tuple[str, int | None]]:
+        """Each dead slot of ``inc`` with its exit status (None: not known yet); ``wait``:
+        wait for it up to EXIT_STATUS_WAIT_S after the death was seen."""
+        rcs: list[tuple[str, int | None]] = []
+        for slot in inc.slots:
+            p = self.pool.procs[slot]
+            rc = p.poll()
+            if rc is None and wait:
+                waited = time.monotonic() - inc.seen
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rc = p.wait(timeout=max(EXIT_STATUS_WAIT_S - waited, 0.01))
+            rcs.append((slot, rc))
+        return rcs
+
+    def _describe_death(self, inc: Incident, rcs: list[tuple[str, int | None]]
+                        ) -> tuple[str, str]:
+        """The cause and detail of a death's failure record (an exit status not known
+        yet reads as a kill: what the draft says until the record is written)."""
+        fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
+        if fenced:
+            # Several fenced groups merged into one incident (two hosts lost within
+            # the merge window): the detail names each.
+            cause = fenced[0].cause
+            detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
+        else:
+            rc = rcs[0][1]
+            if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
+                cause = "process_killed"
+            elif rc < 0:
+                cause = "process_crashed"
+            else:
+                cause = "process_exit"
+            detail = ", ".join(f"{s} exit {'unknown' if rc is None else rc}"
+                               for s, rc in rcs)
+        note = inc.note + inc.joined
+        if note:  # the host borrowed for it, the failure it joined: kept whole
+            detail = detail[:max(500 - len(note), 0)] + note
+            detail = detail[:500]
+        return cause, detail
+
+    def _journal_deaths(self) -> None:
+        """Make the drafts of the deaths whose records are not written yet durable (the
+        outbox's drafts.json), replacing the previous ones (none left: removed)."""
+        drafts = []
+        for inc in self.unemitted:
+            cause, detail = self._describe_death(inc, self._exit_statuses(inc, wait=False))
+            drafts.append(self._build_failure(FailureClass.UNPLANNED, cause, inc.slots,
+                                              inc.step, detail, inc.detected, inc.event_id))
+        self.outbox.write_drafts(drafts)
+
     def _emit_deaths(self, *, block: bool) -> None:
-        """Write the failure records of deaths already acted on, once their exit status
-        is known (``block``: wait for it, as an outcome must follow its failure)."""
+        """Write the failure records of deaths already acted on, once their merge window
+        has closed and their exit status is known (``block``: now, waiting for the exit
+        status, as an outcome must follow its failure)."""
+        written = False
         for inc in list(self.unemitted):
-            rcs: list[tuple[str, int | None]] = []
-            waited = time.monotonic() - inc.seen
-            for slot in inc.slots:
-                p = self.pool.procs[slot]
-                rc = p.poll()
-                if rc is None and (block or waited > EXIT_STATUS_WAIT_S):
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        rc = p.wait(timeout=max(EXIT_STATUS_WAIT_S - waited, 0.01))
-                rcs.append((slot, rc))
+            seen_for = time.monotonic() - inc.seen
+            if not block and time.monotonic() - inc.detected < MERGE_WINDOW_S \
+                    and inc in self.recovery.incidents:
+                continue  # a death seen within the window still joins it
+            rcs = self._exit_statuses(inc, wait=block or seen_for > EXIT_STATUS_WAIT_S)
             if any(rc is None for _, rc in rcs) and not block \
-                    and waited <= EXIT_STATUS_WAIT_S:
+                    and seen_for <= EXIT_STATUS_WAIT_S:
                 continue
             if self.store.check([P.KEY_PROGRESS]):
                 # Progress the failed generation reported just before the death (rank 0
@@ -764,29 +870,14 @@ class Supervisor:
                     rec = self.recovery
                     if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
                         rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
-            fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
-            if fenced:
-                # Several fenced groups merged into one incident (two hosts lost within
-                # the merge window): the detail names each.
-                cause = fenced[0].cause
-                detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
-            else:
-                rc = rcs[0][1]
-                if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
-                    cause = "process_killed"
-                elif rc < 0:
-                    cause = "process_crashed"
-                else:
-                    cause = "process_exit"
-                detail = ", ".join(f"{s} exit {rc}" for s, rc in rcs)
-            note = inc.note + inc.joined
-            if note:  # the host borrowed for it, the failure it joined: kept whole
-                detail = detail[:max(500 - len(note), 0)] + note
-                detail = detail[:500]
-            rec_ = self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
-                                        detail, inc.detected)
-            inc.event_id, inc.cause, inc.emitted = rec_["event_id"], cause, True
+            cause, detail = self._describe_death(inc, rcs)
+            self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
+                                 detail, inc.detected, inc.event_id)
+            inc.cause, inc.emitted = cause, True
             self.unemitted.remove(inc)
+            written = True
+        if written:
+            self._journal_deaths()  # recorded: their drafts go
 
     def _read_killed_at(self) -> float | None:
         if self.store.check([P.KEY_KILLED_AT]):

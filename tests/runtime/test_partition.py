@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from runtime import protocol as P
 from runtime import records as R
+from runtime import supervisor as supervisor_module
 from runtime.checkpointing import Checkpointer
 from runtime.errors import CheckpointError
 from runtime.nodepool import NodePool, machine_id
@@ -97,19 +98,22 @@ SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
-    """``make(workers, spares, **cfg)``: a Supervisor in this process whose workers are
-    real processes that sleep (nothing trains: the test drives its decisions)."""
+    """``make(workers, spares, start=True, **cfg)``: a Supervisor in this process whose
+    workers are real processes that sleep (nothing trains: the test drives its
+    decisions); ``start``: its job started and generation 0 published."""
     made: list[Supervisor] = []
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
 
-    def make(workers: int = 2, spares: int = 2, **kw: Any) -> Supervisor:
+    def make(workers: int = 2, spares: int = 2, start: bool = True, **kw: Any) -> Supervisor:
         cfg = LaunchConfig(script=str(script), workers=workers, spares=spares,
-                           job_id=f"j{len(made)}", contract_id="c-test", nvml=False,
-                           runs_root=str(kw.pop("runs_root", tmp_path / "runs")),
+                           job_id=kw.pop("job_id", f"j{len(made)}"), contract_id="c-test",
+                           nvml=False, runs_root=str(kw.pop("runs_root", tmp_path / "runs")),
                            fork_spares=False, replenish_spares=False, **kw)
         sup = Supervisor(cfg, sink=JsonlFileSink(tmp_path / f"sink{len(made)}.jsonl"))
         made.append(sup)
+        if not start:  # the test plans generation 0 itself (a resume)
+            return sup
         sup._emit(R.job_started(contract_id="c-test", job_id=sup.job_id, gpus=workers))
         members = [sup._spawn() for _ in range(workers)]
         sup.spares = [sup._spawn() for _ in range(spares)]
@@ -142,34 +146,128 @@ def _until_recorded(sup: Supervisor, n: int) -> None:
     assert len(_failures(sup)) == n
 
 
-def test_a_death_is_durable_before_its_recovery_ends_and_a_later_one_rewrites_nothing(
-        supervisor: Callable[..., Supervisor]) -> None:
+def _until(sup: Supervisor, done: Callable[[], bool]) -> None:
+    """Let ``sup`` act on deaths (not write their records) until ``done()``."""
+    deadline = time.monotonic() + 30
+    while not done() and time.monotonic() < deadline:
+        sup._handle_deaths()
+        time.sleep(0.005)
+    assert done()
+
+
+def _outcomes(sup: Supervisor) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, _outbox_lines(sup)) if r["kind"] == "outcome"]
+
+
+def test_deaths_within_the_merge_window_are_one_failure_durable_from_the_first(
+        supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A window no test run can outlast: the deaths are in it whatever the machine's load.
+    monkeypatch.setattr(supervisor_module, "MERGE_WINDOW_S", 3600.0)
+    sup = supervisor(workers=2, spares=2)
+    w0, w1 = sup.members
+    sup.last_step = 7
+    sup.pool.kill(w0)
+    _until(sup, lambda: sup.recovery.gen == 1)
+    # Acted on (the recovery is planned) and durable as a draft -- fsync'd before the
+    # plan was published -- while its record waits for the window.
+    [d0] = sup.outbox.read_drafts()
+    assert d0["cause"] == "process_killed" and d0["detail"].startswith(f"{w0} exit")
+    assert d0["step"] == 7 and _failures(sup) == []
+    # The spare called in dies too (the same incident, seen one process later): it joins
+    # the draft, and the recovery is planned again from both.
+    spare = next(m for m in sup.members if m not in (w0, w1))
+    sup.pool.kill(spare)
+    _until(sup, lambda: sup.recovery.gen == 2)
+    [d1] = sup.outbox.read_drafts()
+    assert d1["event_id"] == d0["event_id"] and spare in d1["detail"] and w0 in d1["detail"]
+    assert _failures(sup) == [] and len(sup.recovery.incidents) == 1
+    # The outcome is due: the record is written now -- one failure naming both, under
+    # its draft's id and date -- and the draft goes.
+    sup.store.set(P.ready_key(2), json.dumps({"step_seconds": 0.1, "first_step": 0.0}))
+    sup._handle_ready()
+    [f] = _failures(sup)
+    assert f["event_id"] == d0["event_id"] and f["occurred_at"] == d0["occurred_at"]
+    assert f"{w0} exit -9" in f["detail"] and f"{spare} exit -9" in f["detail"]
+    assert sup.outbox.read_drafts() == []
+    assert not (sup.outbox.dir / "drafts.json").exists()
+    [o] = _outcomes(sup)
+    assert o["failure_event_id"] == f["event_id"] and o["outcome"] == "live_migrated"
+
+
+def test_a_death_after_the_window_is_a_failure_of_its_own_naming_the_first(
+        supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "MERGE_WINDOW_S", 0.0)  # every death is late
     sup = supervisor(workers=2, spares=2)
     w0, w1 = sup.members
     sup.pool.kill(w0)
     _until_recorded(sup, 1)
-    # On disk (fsync'd) while its recovery is still under way: nothing of it waits for a
-    # merge window, so a supervisor dying now loses nothing (--resume closes it).
     assert sup.recovery.active and sup.recovery.gen == 1
     first = _outbox_lines(sup)
     [f0] = _failures(sup)
     assert f0["cause"] == "process_killed" and f0["detail"] == f"{w0} exit -9"
-    # The spare called in dies during the same recovery: a failure of its own, naming
-    # the first; the first record is untouched, and the recovery is re-planned.
     spare = next(m for m in sup.members if m not in (w0, w1))
     sup.pool.kill(spare)
     _until_recorded(sup, 2)
-    assert _outbox_lines(sup)[:len(first)] == first
+    assert _outbox_lines(sup)[:len(first)] == first  # nothing written is rewritten
     f1 = _failures(sup)[1]
     assert f1["detail"].startswith(f"{spare} exit -9") and f0["event_id"] in f1["detail"]
     assert sup.recovery.gen == 2 and len(sup.recovery.incidents) == 2
-    # Each failure gets exactly one outcome when the new generation steps.
+    assert sup.outbox.read_drafts() == []
     sup.store.set(P.ready_key(2), json.dumps({"step_seconds": 0.1, "first_step": 0.0}))
     sup._handle_ready()
-    outs = [r for r in map(json.loads, _outbox_lines(sup)) if r["kind"] == "outcome"]
+    outs = _outcomes(sup)
     assert sorted(o["failure_event_id"] for o in outs) == sorted([f0["event_id"],
                                                                   f1["event_id"]])
     assert all(o["outcome"] == "live_migrated" and o["recovery_seconds"] >= 0 for o in outs)
+
+
+def test_a_supervisor_lost_inside_the_window_leaves_one_failure_that_resume_closes(
+        supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    # The first supervisor acts on a death and dies before the window closes (a node
+    # and its coordinator lost together): nothing of the death is in the records yet.
+    monkeypatch.setattr(supervisor_module, "MERGE_WINDOW_S", 3600.0)
+    ckpt = tmp_path / "ckpt"
+    sup = supervisor(workers=2, spares=1, checkpoint_every=5, checkpoint_dir=str(ckpt))
+    w0, _ = sup.members
+    write_checkpoint({"w": torch.zeros(4)}, ckpt, 5)
+    (sup.run_dir / P.COMMITTED_FILE).write_text(f"8 {time.time()}\n")  # rank 0's note
+    sup.last_step = 8
+    sup.pool.kill(w0)
+    _until(sup, lambda: sup.recovery.gen == 1)
+    [draft] = sup.outbox.read_drafts()
+    assert _failures(sup) == []
+    for p in sup.pool.procs.values():  # the supervisor is gone with its workers
+        p.kill()
+    # --resume: the draft becomes the one failure (its id, date, cause), saying that the
+    # coordinator was lost too; no supervisor_lost failure beside it; the rollback to
+    # step 5 is its one outcome, with the true lost steps (8 - 5).
+    again = supervisor(workers=2, spares=0, checkpoint_every=5, checkpoint_dir=str(ckpt),
+                       job_id=sup.job_id, resume=True, start=False)
+    prior = [json.loads(ln) for ln in _outbox_lines(again)]
+    members = [again._spawn() for _ in range(2)]
+    again._resume(prior, (8, time.time()), members)
+    [f] = _failures(again)
+    assert f["event_id"] == draft["event_id"] and f["occurred_at"] == draft["occurred_at"]
+    assert f["cause"] == "process_killed" and f["step"] == 8
+    assert "supervisor lost at step 8 before recording it" in f["detail"]
+    assert again.outbox.read_drafts() == []
+    assert [i.event_id for i in again.recovery.incidents] == [f["event_id"]]
+    again.store.set(P.ready_key(0), json.dumps({"step_seconds": 0.1, "first_step": 0.0}))
+    again._handle_ready()
+    [o] = _outcomes(again)
+    assert (o["failure_event_id"], o["outcome"], o["lost_steps"]) == (f["event_id"],
+                                                                      "rolled_back", 3)
+    # A draft already recorded (the resume died before removing it) is not recorded
+    # twice: the next resume records its own loss instead.
+    again.outbox.write_drafts([draft])
+    third = supervisor(workers=2, spares=0, checkpoint_every=5, checkpoint_dir=str(ckpt),
+                       job_id=sup.job_id, resume=True, start=False)
+    third._resume([json.loads(ln) for ln in _outbox_lines(third)], (8, time.time()),
+                  [third._spawn() for _ in range(2)])
+    fails = _failures(third)
+    assert [x["cause"] for x in fails] == ["process_killed", "supervisor_lost"]
+    assert third.outbox.read_drafts() == []
 
 
 def test_deaths_seen_in_one_pass_are_one_failure(supervisor: Callable[..., Supervisor]) -> None:

@@ -92,15 +92,18 @@ def test_a_partitioned_coordinator_blames_nobody_and_resume_continues(
     _assert_identical(ref, out)
 
 
+@pytest.mark.parametrize("when", ["inside_the_window", "after_the_record"])
 def test_a_node_loss_is_recorded_once_when_the_coordinator_dies_right_after_it(
-        tmp_path: Path, failure_free: Reference) -> None:
-    # host1 loses power; 0.2 s after the coordinator noticed (its log line), the
-    # coordinator's host dies too (a correlated failure: one rack, one switch). The node
-    # loss was durable before anything else was decided: after --resume on every host it
-    # is recorded exactly once, closed by the resume's rollback, next to the coordinator's
-    # own loss; the final state equals a failure-free run's.
+        tmp_path: Path, failure_free: Reference, when: str) -> None:
+    # host1 loses power; the coordinator's host dies right after (a correlated failure:
+    # one rack, one switch) -- 0.2 s after the coordinator noticed (its log line), inside
+    # the merge window, or once the node loss's record is written. Either way nothing is
+    # lost and nothing is twice: after --resume on every host the records hold the node
+    # loss exactly once with exactly one outcome, the rollback's, with the true lost
+    # steps; the final state equals a failure-free run's.
     ref = failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
     c = Cluster(tmp_path, nnodes="2:+1", nproc=1)
+    outbox = tmp_path / "runs" / "mn" / "outbox"
     try:
         c.start_all()
         c.progress_at(8)
@@ -109,20 +112,54 @@ def test_a_node_loss_is_recorded_once_when_the_coordinator_dies_right_after_it(
         log0 = tmp_path / "host0.log"
         while "node host1 lost" not in log0.read_text() and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)
+        if when == "inside_the_window":
+            time.sleep(0.2)
+        else:
+            while '"cause":"node_lost"' not in (outbox / "records.jsonl").read_text() \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+        c.signal_host(0, signal.SIGSTOP)  # what it had written, as it dies
+        written = [json.loads(ln) for ln in (outbox / "records.jsonl").read_text().splitlines()]
+        drafts = (json.loads((outbox / "drafts.json").read_text())
+                  if (outbox / "drafts.json").exists() else [])
         c.signal_host(0, signal.SIGKILL)
         assert c.wait(2, timeout=120) == 4, c.logs()
         c.start_all("--resume")
         assert c.wait(0) == 0, c.logs()
     finally:
         c.close()
+    recorded = [r for r in written if r["kind"] == "failure"]
     recs = c.records()
     _exactly_once(recs)
     fails = [r for r in recs if r["kind"] == "failure"]
-    assert sorted((f["cause"], f["node"]) for f in fails) == [("node_lost", "host1"),
-                                                              ("supervisor_lost", "host0")]
     outcomes = {r["failure_event_id"]: r for r in recs if r["kind"] == "outcome"}
-    assert {outcomes[f["event_id"]]["outcome"] for f in fails} == {"rolled_back"}
+    [node] = [f for f in fails if f["cause"] == "node_lost"]
+    assert node["node"] == "host1"
+    if when == "inside_the_window":
+        # Not recorded yet but durable as a draft: the resume records it under the
+        # draft's id, the coordinator's loss folded into it (one incident, one failure).
+        assert recorded == [], recorded
+        assert [d["event_id"] for d in drafts] == [node["event_id"]]
+        assert [f["cause"] for f in fails] == ["node_lost"]
+        assert "supervisor lost at step" in node["detail"]
+    else:
+        # Recorded before the coordinator died: the coordinator's loss is a failure of
+        # its own; the node loss has its own outcome (live_migrated/0 when its migration
+        # was done before the coordinator died, else the resume's rollback).
+        assert [f["event_id"] for f in recorded] == [node["event_id"]] and drafts == []
+        assert sorted((f["cause"], f["node"]) for f in fails) == [
+            ("node_lost", "host1"), ("supervisor_lost", "host0")]
+    # The rollback goes back from the last committed step (the resume's failure's step)
+    # to the newest checkpoint: the last multiple of 5 or, with its write still under way
+    # when the host died, the one before.
+    last = max(f["step"] for f in fails)
+    for f in fails:
+        out = outcomes[f["event_id"]]
+        if f["cause"] == "node_lost" and out["outcome"] == "live_migrated":
+            assert when == "after_the_record" and out["lost_steps"] == 0
+            continue
+        assert out["outcome"] == "rolled_back"
+        assert out["lost_steps"] in (last % 5, last % 5 + 5), (f, out)
     _assert_identical(ref, c.out)
 
 
