@@ -558,7 +558,11 @@ class Job:
         assert self._m is not None and self._transfer is not None
         m = self._m
         m.event("join")
-        if not self._was_member:
+        if self._was_member:
+            # What this generation committed, for the failure's record (supervisor:
+            # _emit_deaths) -- before the next generation can overwrite the progress.
+            m.mark(P.committed_key(m.gen, self.slot), str(self.step))
+        else:
             self._transfer.preallocate()
             m.mark(P.waiting_key(self.slot), str(time.time()))
         while True:

@@ -139,6 +139,13 @@ def ready_key(gen: int) -> str:
     return f"g{gen}/ready"
 
 
+def committed_key(gen: int, slot: str) -> str:
+    """Key a member of generation ``gen`` sets, as it joins a newer generation, to the
+    steps it had committed in ``gen``: the failed generation's true last step, which
+    :data:`KEY_PROGRESS` no longer shows once the next generation has committed one."""
+    return f"g{gen}/committed/{slot}"
+
+
 def skeleton_key(gen: int, src: int) -> str:
     """Key under which source rank ``src`` publishes its state skeleton in ``gen``."""
     return f"g{gen}/skel/{src}"

@@ -836,6 +836,21 @@ class Supervisor:
             detail = detail[:500]
         return cause, detail
 
+    def _steps_committed_in(self, gen: int) -> int:
+        """The last step generation ``gen`` committed, as far as the store shows: its
+        progress while no newer generation has overwritten it, and what each of its
+        members noted as it joined a newer one (protocol.committed_key)."""
+        steps = [-1]
+        if self.store.check([P.KEY_PROGRESS]):
+            prog = json.loads(self.store.get(P.KEY_PROGRESS))
+            if int(prog.get("gen", gen)) <= gen and prog.get("slot") not in self.fenced:
+                steps.append(int(prog["step"]))
+        if gen >= 0 and self.store.check([P.plan_key(gen)]):
+            for slot in P.Plan.decode(self.store.get(P.plan_key(gen))).members:
+                if self.store.check([P.committed_key(gen, slot)]):
+                    steps.append(int(self.store.get(P.committed_key(gen, slot))))
+        return max(steps)
+
     def _journal_deaths(self) -> None:
         """Make the drafts of the deaths whose records are not written yet durable (the
         outbox's drafts.json), replacing the previous ones (none left: removed)."""
@@ -860,16 +875,15 @@ class Supervisor:
             if any(rc is None for _, rc in rcs) and not block \
                     and seen_for <= EXIT_STATUS_WAIT_S:
                 continue
-            if self.store.check([P.KEY_PROGRESS]):
-                # Progress the failed generation reported just before the death (rank 0
-                # commits, then a peer dies in the next step) was maybe not read yet.
-                prog = json.loads(self.store.get(P.KEY_PROGRESS))
-                if int(prog.get("gen", inc.gen)) <= inc.gen:
-                    inc.step = max(inc.step, int(prog["step"]))
-                    self.last_step = max(self.last_step, inc.step)
-                    rec = self.recovery
-                    if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
-                        rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
+            # Steps the failed generation committed just before the death (rank 0
+            # commits, then a peer dies in the next step) were maybe not read yet.
+            reached = self._steps_committed_in(inc.gen)
+            if reached > inc.step:
+                inc.step = reached
+                self.last_step = max(self.last_step, inc.step)
+                rec = self.recovery
+                if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
+                    rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
             cause, detail = self._describe_death(inc, rcs)
             self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
                                  detail, inc.detected, inc.event_id)
