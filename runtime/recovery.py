@@ -1,8 +1,8 @@
 """The supervisor's typed state: incidents, the recovery in progress, pending moves.
 
-An *incident* is one failure event waiting for its outcome (deaths seen before its
-failure record is written are merged into it; later ones are incidents of their own in
-the same recovery: a written record is never rewritten). A *recovery* is the membership
+An *incident* is one failure event waiting for its outcome (deaths within 1 s of an
+unplanned failure are merged into it; later ones are incidents of their own in the same
+recovery: a written record is never rewritten). A *recovery* is the membership
 change under way for the pending incidents; a *move* is a pre-emptive or planned
 migration waiting for a ready spare.
 """
@@ -53,7 +53,10 @@ class Incident:
     # record's occurred_at is the wall time of that instant (runtime.supervisor.wall_time).
     detected: float
     step: int
-    emitted: bool = True  # False: a death whose exit status is not known yet
+    # False: a death whose record is not written yet (its merge window is open or its
+    # exit status unknown); its draft is durable (runtime.outbox.Outbox.write_drafts)
+    # under ``event_id``.
+    emitted: bool = True
     gen: int = -1  # the generation that failed
     note: str = ""  # appended to the failure's detail (e.g. the host borrowed for it)
     # A death during the recovery from an already recorded failure: its own failure
