@@ -63,6 +63,9 @@ class Incident:
     # record (nothing written is ever rewritten), whose detail names that failure.
     joined: str = ""
     seen: float = field(default_factory=time.monotonic)  # when the supervisor saw it
+    # The wall-clock date of ``detected``, fixed once: its draft and its record carry the
+    # same date (two conversions of one monotonic instant can differ by a microsecond).
+    occurred_at: str | None = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -223,6 +223,11 @@ def wall_time(mono: float) -> float:
     return time.time() - (time.monotonic() - mono)
 
 
+def wall_date(mono: float) -> str:
+    """The wall-clock date (ISO 8601, UTC) of the monotonic instant ``mono``."""
+    return datetime.fromtimestamp(wall_time(mono), UTC).isoformat()
+
+
 def mono_time(wall: float) -> float:
     """The monotonic instant of the wall-clock time ``wall`` (epoch seconds): for dates
     that come from outside this process (a drain request's, a resumed job's last commit)."""
@@ -674,22 +679,24 @@ class Supervisor:
     # ----------------------------------------------------------------- failures
     def _build_failure(self, failure_class: FailureClass, cause: str, slots: list[str],
                        step: int, detail: str, detected: float,
-                       event_id: str | None = None) -> dict[str, Any]:
+                       event_id: str | None = None, occurred_at: str | None = None
+                       ) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
         node = (self.pool.node_of(slots[0]) if slots else None) or self.node
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
                         failure_class=failure_class.value, cause=cause, node=node,
                         gpu=gpu, step=step, detail=detail,
-                        occurred_at=datetime.fromtimestamp(wall_time(detected), UTC).isoformat())
+                        occurred_at=occurred_at or wall_date(detected))
         if event_id is not None:
             rec["event_id"] = event_id  # the id its draft was journalled under
         return rec
 
     def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
                         step: int, detail: str, detected: float,
-                        event_id: str | None = None) -> dict[str, Any]:
+                        event_id: str | None = None, occurred_at: str | None = None
+                        ) -> dict[str, Any]:
         rec = self._build_failure(failure_class, cause, slots, step, detail, detected,
-                                  event_id)
+                                  event_id, occurred_at)
         self._emit(rec)
         log.warning("failure %s/%s on %s at step %d: %s", failure_class, cause,
                     ",".join(slots) or "-", step, detail)
@@ -784,7 +791,7 @@ class Supervisor:
             return
         inc = Incident(event_id=R.new_event_id(), failure_class=FailureClass.UNPLANNED,
                        cause="", slots=slots, detected=detected, step=self.last_step,
-                       emitted=False, gen=self.gen)
+                       emitted=False, gen=self.gen, occurred_at=wall_date(detected))
         first = next((i for i in pending if i.emitted), None)
         if first is not None:
             inc.joined = (f"; during the recovery from failure {first.event_id} "
@@ -858,7 +865,8 @@ class Supervisor:
         for inc in self.unemitted:
             cause, detail = self._describe_death(inc, self._exit_statuses(inc, wait=False))
             drafts.append(self._build_failure(FailureClass.UNPLANNED, cause, inc.slots,
-                                              inc.step, detail, inc.detected, inc.event_id))
+                                              inc.step, detail, inc.detected, inc.event_id,
+                                              inc.occurred_at))
         self.outbox.write_drafts(drafts)
 
     def _emit_deaths(self, *, block: bool) -> None:
@@ -886,7 +894,7 @@ class Supervisor:
                     rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
             cause, detail = self._describe_death(inc, rcs)
             self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
-                                 detail, inc.detected, inc.event_id)
+                                 detail, inc.detected, inc.event_id, inc.occurred_at)
             inc.cause, inc.emitted = cause, True
             self.unemitted.remove(inc)
             written = True
