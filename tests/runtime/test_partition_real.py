@@ -92,6 +92,41 @@ def test_a_partitioned_coordinator_blames_nobody_and_resume_continues(
     _assert_identical(ref, out)
 
 
+def test_a_frozen_spare_host_is_set_aside_and_nobody_is_blamed(
+        netns: Callable[[int], Netns], tmp_path: Path, failure_free: Reference) -> None:
+    # Two training hosts and a spare host, each its own machine. The spare host freezes
+    # (everything on it SIGSTOPped) while the job trains: the job does not stall, the
+    # silent spare is set aside after --node-timeout (fenced: nothing of the job ran
+    # there, so nothing is recorded against anyone), the job finishes bit-identical to a
+    # failure-free run; thawed, the spare host learns it was fenced and exits 5.
+    ref = failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
+    net = netns(3)
+    out = tmp_path / "final.pt"
+    c = NetnsCluster(net, tmp_path, script=EXAMPLE,
+                     script_args=["--steps", str(STEPS), "--step-sleep", "0.3", "--out",
+                                  str(out)],
+                     nnodes="2:+1", nproc=1,
+                     extra=["--checkpoint-every", "5", "--progress-every", "0.2",
+                            "--node-timeout", "2"])
+    try:
+        c.start_all()
+        c.progress_at(3)
+        net.freeze(2)
+        c.wait_until(lambda: "node host2 silent" in c.log(0), "the spare host set aside")
+        net.thaw(2)
+        assert c.wait(0) == 0, c.logs()
+        assert c.wait(1) == 0, c.logs()
+        assert c.wait(2, timeout=60) == 5, c.logs()
+    finally:
+        c.close()
+    assert "node host2 was fenced by the coordinator (hang: node host2 silent" in c.log(2)
+    recs = c.records()
+    _exactly_once(recs)
+    assert [r for r in recs if r["kind"] in ("failure", "outcome")] == []
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    _assert_identical(ref, out)
+
+
 @pytest.mark.parametrize("when", ["inside_the_window", "after_the_record"])
 def test_a_node_loss_is_recorded_once_when_the_coordinator_dies_right_after_it(
         tmp_path: Path, failure_free: Reference, when: str) -> None:
