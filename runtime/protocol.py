@@ -139,11 +139,11 @@ def ready_key(gen: int) -> str:
     return f"g{gen}/ready"
 
 
-def committed_key(gen: int, slot: str) -> str:
-    """Key a member of generation ``gen`` sets, as it joins a newer generation, to the
-    steps it had committed in ``gen``: the failed generation's true last step, which
-    :data:`KEY_PROGRESS` no longer shows once the next generation has committed one."""
-    return f"g{gen}/committed/{slot}"
+def committed_key(gen: int) -> str:
+    """Key rank 0 of generation ``gen`` sets, as it joins a newer generation, to the last
+    step it reported in ``gen`` (its last :data:`KEY_PROGRESS`): the failed generation's
+    progress, which KEY_PROGRESS no longer shows once the next generation has reported."""
+    return f"g{gen}/committed"
 
 
 def skeleton_key(gen: int, src: int) -> str:

@@ -844,18 +844,16 @@ class Supervisor:
         return cause, detail
 
     def _steps_committed_in(self, gen: int) -> int:
-        """The last step generation ``gen`` committed, as far as the store shows: its
-        progress while no newer generation has overwritten it, and what each of its
-        members noted as it joined a newer one (protocol.committed_key)."""
+        """The last step generation ``gen`` reported (rank 0's progress), as far as the
+        store shows: KEY_PROGRESS while no newer generation has overwritten it, and what
+        its rank 0 noted as it joined a newer one (protocol.committed_key)."""
         steps = [-1]
         if self.store.check([P.KEY_PROGRESS]):
             prog = json.loads(self.store.get(P.KEY_PROGRESS))
             if int(prog.get("gen", gen)) <= gen and prog.get("slot") not in self.fenced:
                 steps.append(int(prog["step"]))
-        if gen >= 0 and self.store.check([P.plan_key(gen)]):
-            for slot in P.Plan.decode(self.store.get(P.plan_key(gen))).members:
-                if self.store.check([P.committed_key(gen, slot)]):
-                    steps.append(int(self.store.get(P.committed_key(gen, slot))))
+        if gen >= 0 and self.store.check([P.committed_key(gen)]):
+            steps.append(int(self.store.get(P.committed_key(gen))))
         return max(steps)
 
     def _journal_deaths(self) -> None:
