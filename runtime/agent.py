@@ -24,10 +24,17 @@ If the coordinator fenced this host (``node/RANK/fenced``: it was silent -- froz
 off -- and its ranks were moved elsewhere) and the host comes back, the agent kills its
 processes and exits :data:`runtime.protocol.EXIT_FENCED`.
 
-If the coordinator is lost (the store stops answering), the agent kills its processes and
-exits with :data:`EXIT_COORDINATOR_LOST`: training without a coordinator would be
-unrecorded. ``yoco run --resume`` on every host continues the job from its newest
-checkpoint, recording the loss (docs/runtime.md, "Coordinator loss").
+If the coordinator is lost, the agent kills its processes and exits with
+:data:`EXIT_COORDINATOR_LOST`: training without a coordinator would be unrecorded.
+``yoco run --resume`` on every host continues the job from its newest checkpoint,
+recording the loss (docs/runtime.md, "Coordinator loss"). Lost means: the coordinator's
+liveness counter (``coordinator/beat``, advanced every 0.1 s by a thread of the
+coordinator) has not advanced for ``coordinator_timeout_s`` (5 s) on this host's
+monotonic clock. A watchdog thread decides it (:func:`runtime.detection.coordinator_lost`)
+from what the beat thread last read, so no store call, however long it blocks (a
+partition: a ``TCPStore`` call with a 5 s timeout was seen blocked for 45 s), can stretch
+the deadline: within the timeout plus one watchdog look (50 ms) the host's processes are
+SIGKILLed and the agent's process exits 4, whatever its main thread is blocked in.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import protocol as P
+from runtime.detection import coordinator_lost
 from runtime.errors import ConfigError
 from runtime.identity import NodeIdentity
 from runtime.nodepool import machine_id
@@ -57,6 +65,9 @@ log = logging.getLogger("yoco.runtime.agent")
 
 #: Exit status of an agent whose coordinator was lost.
 EXIT_COORDINATOR_LOST = 4
+
+#: How often the coordinator watchdog looks at the last coordinator beat seen.
+WATCHDOG_INTERVAL_S = 0.05
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,6 +119,17 @@ class Agent:
         # for a job in a host pool); returns True when this agent should stop. None: the
         # host is never lent.
         self.on_lend: Callable[[Agent, dict[str, Any]], bool] | None = None
+        # The coordinator watchdog: when the coordinator's beat counter last advanced
+        # (this host's monotonic clock) and its last value. exit_process: the agent owns
+        # its process (a host other than the coordinator's), so a lost coordinator ends
+        # the process at once (os._exit) whatever the main thread is blocked in; False
+        # for the coordinator's own agent (a thread of the supervisor's process) and a
+        # borrowed host's second agent (runtime.loanagent), which return instead.
+        self.exit_process = False
+        self.coordinator_lost = False
+        self._coord_seen = time.monotonic()
+        self._coord_beat = -1
+        self._exit: Callable[[int], None] = os._exit
 
     def _connect(self) -> Any:
         deadline = time.monotonic() + self.cfg.connect_timeout_s
@@ -145,7 +167,10 @@ class Agent:
         # and the loop's own work (starting the zygote, forking processes: hundreds of
         # ms under load) must not look like a frozen host. A stopped or dead host stops
         # the thread too.
+        self._coord_seen = time.monotonic()
         threading.Thread(target=self._beat, args=(beat_store,), name="yoco-beat",
+                         daemon=True).start()
+        threading.Thread(target=self._watchdog, name="yoco-coordinator-watchdog",
                          daemon=True).start()
         if self.cfg.fork_spares:
             self.pool.start_zygote(dict(os.environ))
@@ -153,6 +178,8 @@ class Agent:
         failing_since: float | None = None
         try:
             while not self.stop.is_set():
+                if self.coordinator_lost:
+                    return EXIT_COORDINATOR_LOST
                 now = time.monotonic()
                 try:
                     self._serve_requests()
@@ -167,15 +194,15 @@ class Agent:
                 except (RuntimeError, dist.DistStoreError) as exc:
                     failing_since = failing_since or now
                     if now - failing_since > self.cfg.coordinator_timeout_s:
-                        log.error("node %s: the coordinator is lost (%s): stopping this "
-                                  "node's processes; `yoco run --resume` continues the job",
-                                  self.ident.node_name, exc)
-                        self._kill_all()
+                        self._lose_coordinator(f"its store failing for "
+                                               f"{now - failing_since:.1f} s: {exc}")
                         return EXIT_COORDINATOR_LOST
                 time.sleep(0.005)
         finally:
             self.stop.set()
             self.pool.shutdown()
+        if self.coordinator_lost:
+            return EXIT_COORDINATOR_LOST
         with_errors = [s for s, p in self.pool.procs.items() if p.poll() not in (0, None)]
         if with_errors:
             log.info("node %s: processes that did not exit 0: %s", self.ident.node_name,
@@ -199,14 +226,47 @@ class Agent:
 
     def _beat(self, store: Any) -> None:
         # On a connection of its own (a TCPStore client runs one request at a time), the
-        # first beat at once, then every NODE_BEAT_INTERVAL_S.
-        try:
-            while True:
+        # first beat at once, then every NODE_BEAT_INTERVAL_S; each beat also reads the
+        # coordinator's counter, for the watchdog. A failing store is retried (the
+        # watchdog, not this thread, decides when the coordinator is lost).
+        failed = False
+        while not self.stop.is_set():
+            try:
                 store.add(P.node_beat_key(self.rank), 1)
-                if self.stop.wait(P.NODE_BEAT_INTERVAL_S):
-                    return
-        except (RuntimeError, dist.DistStoreError) as exc:  # the main loop notices too
-            log.warning("node %s: heartbeat stopped: %s", self.ident.node_name, exc)
+                beat = int(store.add(P.KEY_COORD_BEAT, 0))
+                if beat != self._coord_beat:
+                    self._coord_beat, self._coord_seen = beat, time.monotonic()
+                failed = False
+            except (RuntimeError, dist.DistStoreError) as exc:
+                if not failed:
+                    log.warning("node %s: heartbeat failing: %s", self.ident.node_name, exc)
+                failed = True
+            if self.stop.wait(P.NODE_BEAT_INTERVAL_S):
+                return
+
+    def _watchdog(self) -> None:
+        while not self.stop.wait(WATCHDOG_INTERVAL_S):
+            now = time.monotonic()
+            if coordinator_lost(self._coord_seen, now, self.cfg.coordinator_timeout_s):
+                self._lose_coordinator(f"no coordinator heartbeat for "
+                                       f"{now - self._coord_seen:.1f} s (deadline "
+                                       f"{self.cfg.coordinator_timeout_s:.1f} s)")
+                return
+
+    def _lose_coordinator(self, why: str) -> None:
+        """Stop this host's processes (training unrecorded is not allowed) and, in an
+        agent's own process, exit :data:`EXIT_COORDINATOR_LOST` at once."""
+        if self.coordinator_lost:
+            return
+        self.coordinator_lost = True
+        log.error("node %s: the coordinator is lost (%s): stopping this node's processes; "
+                  "`yoco run --resume` on every host continues the job",
+                  self.ident.node_name, why)
+        self._kill_all()
+        self.stop.set()
+        if self.exit_process:
+            logging.shutdown()  # flush the log line above
+            self._exit(EXIT_COORDINATOR_LOST)
 
     def _fenced(self) -> int:
         """The coordinator fenced this host (it was silent: frozen, cut off) and moved
@@ -221,15 +281,28 @@ class Agent:
         return P.EXIT_FENCED
 
     def _kill_all(self) -> None:
-        for p in self.pool.procs.values():
+        # Signals only (no store call, no wait): the watchdog must not block. The zygote
+        # goes too (it would fork nothing more, but it holds memory).
+        for p in list(self.pool.procs.values()):
             if p.poll() is None:
                 p.kill()
+        zygote = getattr(self.pool.zygote, "_proc", None)
+        if zygote is not None and zygote.poll() is None:
+            zygote.kill()
 
     def _serve_requests(self) -> None:
+        # Popped until empty, never counted first: torch's ``queue_len`` keeps the GIL while
+        # it waits for the store's answer, so through a partition (an answer that never
+        # comes: the call was seen blocked for 45 s) it froze every thread of the agent,
+        # the coordinator watchdog included (gdb: the watchdog in take_gil, the main thread
+        # in TCPStore::queueLen). ``queue_pop`` releases the GIL while it waits.
         key = P.node_requests_key(self.rank)
-        n = int(self.store.queue_len(key))
-        for _ in range(n):
-            req = json.loads(self.store.queue_pop(key, False))
+        while True:
+            try:
+                raw = self.store.queue_pop(key, False)
+            except dist.QueueEmptyError:
+                return
+            req = json.loads(raw)
             slot = str(req["slot"])
             if req["op"] == "spawn":
                 self._spawn(slot, dict(req.get("env", {})))

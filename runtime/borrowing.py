@@ -245,7 +245,7 @@ class Loan:
     borrower: str
     incident: Incident | None  # None: only spares were on it (the width did not change)
     gpus: int
-    since: float
+    since: float  # when it was lent (the supervisor's time.monotonic())
     back: bool = False  # the host has come back
     replacements: list[str] = field(default_factory=list)
     grow_gen: int | None = None
@@ -321,7 +321,7 @@ class Loans:
         A pool that does not answer is logged and left alone for a while: the job goes
         on (no new loan meanwhile; the width comes back with the host, which is told by
         its agent through the job's own store)."""
-        now = time.time()
+        now = time.monotonic()
         if now - self._last_poll < POLL_INTERVAL_S:
             return
         self._last_poll = now
@@ -397,7 +397,8 @@ class Loans:
             self.nodes.kill(s)
         self.nodes.lend(rec.name, {"op": "lend", "slot": "", "pool": self.client.endpoint})
         self.loans[rec.name] = Loan(host=rec.name, borrower=rec.borrower["job"], incident=inc,
-                                    gpus=len(on), since=inc.detected if inc else time.time())
+                                    gpus=len(on),
+                                    since=inc.detected if inc else time.monotonic())
 
     def _returned(self, name: str) -> None:
         loan = self.loans.get(name)
@@ -443,8 +444,9 @@ class Loans:
                 sup._advanced_at = None  # (as for a recovery: re-armed when it steps)
             elif sup.gen >= loan.grow_gen and set(loan.replacements) <= set(sup.members) \
                     and sup.store.check([P.ready_key(sup.gen)]):
-                timing = json.loads(sup.store.get(P.ready_key(sup.gen)))
-                self._close(loan, float(timing["first_step"]))
+                # Measured by this supervisor alone, on its monotonic clock (as every
+                # recovery_seconds): the first step at full width is seen now.
+                self._close(loan, time.monotonic())
                 del self.loans[name]
 
     def _close(self, loan: Loan, at: float) -> None:
@@ -470,7 +472,7 @@ class Loans:
         job nothing but its GPUs for that time), and the pool learns that this job's
         hosts have no job to come back to."""
         self._note_widths()
-        now = time.time()
+        now = time.monotonic()
         for loan in self.loans.values():
             self._close(loan, now)
         self.loans.clear()

@@ -8,6 +8,7 @@ every rank of replica group 0 writes its shard of a DCP checkpoint
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from runtime import protocol as P
 from runtime.errors import ConfigError
 from runtime.sharded_checkpoint import sharded_snapshot, write_sharded_checkpoint
 from runtime.state import CheckpointWriter, clone_state, read_checkpoint, write_checkpoint
+
+log = logging.getLogger("yoco.runtime.checkpointing")
 
 
 class Checkpointer:
@@ -43,7 +46,7 @@ class Checkpointer:
         if shard is not None and (model is None or optimizer is None):
             raise ConfigError("a sharded checkpointer needs the model and the optimizer")
         write = self._write_shard if shard is not None else self._write_whole
-        self._writer = CheckpointWriter(write, self._published)
+        self._writer = CheckpointWriter(write, self._published, self._failed)
 
     def due(self, step: int) -> bool:
         """True when committed step ``step`` is to be checkpointed."""
@@ -74,6 +77,18 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until the write in progress (if any) is finished."""
         self._writer.wait()
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        # The worker's log, and the supervisor (which logs it where the operator sees it
+        # and shows it in status.json); the previous checkpoint stays the rollback target.
+        log.error("CHECKPOINT WRITE FAILED at step %d: %s: %s; the newest checkpoint is "
+                  "still the previous one", step, type(exc).__name__, exc)
+        try:
+            self._store.set(P.KEY_CKPT_ERROR, json.dumps(
+                {"step": step, "error": f"{type(exc).__name__}: {exc}"[:500]}))
+            self._store.add(P.KEY_CKPT_ERRORS, 1)
+        except (RuntimeError, dist.DistStoreError) as err:  # the supervisor is gone
+            log.error("cannot report the failed checkpoint write: %s", err)
 
     def _published(self, step: int, path: Path) -> None:
         if self._shard is not None:

@@ -7,6 +7,7 @@ supervisor restart and needs no open port.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -60,11 +61,24 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON, atomically (a temporary file renamed over
+    it). On any error (a full or read-only disk) the temporary file is removed and the
+    ``OSError`` raised: ``path`` is then untouched, never half written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w") as fh:
+            fh.write(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
-    """Atomically replace ``run_dir/status.json``."""
-    tmp = run_dir / ".status.json.tmp"
-    tmp.write_text(json.dumps(status, indent=2))
-    os.replace(tmp, run_dir / "status.json")
+    """Atomically replace ``run_dir/status.json`` (see :func:`write_json_atomically`)."""
+    write_json_atomically(run_dir / "status.json", status)
 
 
 def drain(job_id: str, worker: str, *, runs_root: Path | None = None,

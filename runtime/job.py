@@ -558,6 +558,10 @@ class Job:
         assert self._m is not None and self._transfer is not None
         m = self._m
         m.event("join")
+        if self._was_member and self.rank == 0:
+            # Its generation's last progress, for the failure's record (supervisor:
+            # _emit_deaths) -- before the next generation can overwrite the progress.
+            m.mark(P.committed_key(m.gen), str(self.step))
         if not self._was_member:
             self._transfer.preallocate()
             m.mark(P.waiting_key(self.slot), str(time.time()))

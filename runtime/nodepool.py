@@ -14,7 +14,10 @@ generation excludes them: an agent or a process that wakes up finds that and exi
 :data:`runtime.protocol.EXIT_FENCED` without writing anything). A silent node on this
 machine whose agent and processes ``/proc`` shows *stopped* (a frozen host: its process
 group SIGSTOPped) is fenced sooner, after :func:`runtime.processes.stopped_deadline`
-(3 steady steps, at least 0.25 s): a stopped process cannot be merely slow.
+(3 steady steps, at least 0.25 s): a stopped process cannot be merely slow. Silences are
+judged together (:func:`runtime.detection.partition_verdict`): when the silent hosts leave
+the coordinator without a majority, the coordinator is the one cut off -- it loses nobody
+and sets :attr:`NodePool.cut_off`, and the supervisor stops without recording anything.
 
 Placement: each node runs up to ``nproc`` processes (one per GPU). A new process goes to
 the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` processes
@@ -36,10 +39,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import protocol as P
+from runtime.detection import partition_verdict
 from runtime.errors import ConfigError
 from runtime.processes import process_exiting, process_stopped, stopped_deadline
 
 log = logging.getLogger("yoco.runtime.nodepool")
+
+#: The coordinator runs on node rank 0.
+COORDINATOR_RANK = 0
+#: A node that has missed this many heartbeats is *quiet*: the supervisor blames none of
+#: the job's processes for a stall or a failed collective while a node is quiet (the
+#: node check decides, within the node timeout: the node lost, or this coordinator cut
+#: off), so a partition never fences the ranks on the other side one by one as hung.
+QUIET_BEATS = 3
 
 
 def machine_id() -> str:
@@ -63,7 +75,7 @@ class NodeFailure:
     cause: str  # node_lost (its agent is gone) or hang (silent)
     detail: str
     slots: list[str]
-    since: float  # when it was last known alive (the failure's date)
+    since: float  # when it was last known alive (the failure's date; time.monotonic())
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,7 +89,7 @@ class Node:
     machine: str
     nproc: int
     beat: int = -1
-    beat_seen: float = field(default_factory=time.time)
+    beat_seen: float = field(default_factory=time.monotonic)  # this host's monotonic clock
     lost: str | None = None  # the cause once lost
     stopped_since: float | None = None  # first look that found it frozen (in a row)
     # Spare borrowing (runtime.borrowing): lent to another job (not placed on, not
@@ -155,6 +167,10 @@ class NodePool:
         self._returned: list[str] = []
         self._closing = False
         self.register_timeout_s = register_timeout_s
+        # Set (why) once the coordinator found itself cut off from a majority of its
+        # hosts (runtime.detection.partition_verdict): it then loses nobody.
+        self.cut_off: str | None = None
+        self._quiet: set[str] = set()  # nodes silent for QUIET_BEATS beats or more
 
     def _wait_for_agents(self, n: int, timeout: float) -> list[Node]:
         deadline = time.monotonic() + timeout
@@ -250,7 +266,7 @@ class NodePool:
         assert rank == len(self.nodes)
         self.nodes.append(Node(rank=rank, name=name, pid=0, pgid=0, machine="", nproc=nproc,
                                borrowed=True, joined=False,
-                               join_deadline=time.time() + self.register_timeout_s))
+                               join_deadline=time.monotonic() + self.register_timeout_s))
 
     def lend(self, name: str, req: dict[str, Any]) -> None:
         """Hand host ``name`` to another job: ``req`` goes to its agent, and the node is
@@ -262,13 +278,19 @@ class NodePool:
     def lose_unjoined(self, node: Node, detail: str) -> None:
         """A borrowed node that will not join (its loan was withdrawn) is lost now."""
         if node.lost is None and not node.joined:
-            self._lose(node, "node_lost", detail, time.time())
+            self._lose(node, "node_lost", detail, time.monotonic())
 
     def take_returned(self) -> list[str]:
         """Names of the lent hosts that came back since the last call."""
         self.refresh()
         out, self._returned = self._returned, []
         return out
+
+    def quiet_nodes(self) -> set[str]:
+        """Names of the live nodes that missed :data:`QUIET_BEATS` heartbeats or more
+        (as of the last look at the beats)."""
+        self.refresh()
+        return set(self._quiet)
 
     def take_node_failures(self) -> list[NodeFailure]:
         """Nodes found lost since the last call (each is one incident)."""
@@ -313,7 +335,7 @@ class NodePool:
         if ev["kind"] == "returned":  # a lent host is back (runtime.borrowing)
             for node in self.nodes:
                 if node.name == ev.get("node") and node.lent:
-                    node.lent, node.beat, node.beat_seen = False, -1, time.time()
+                    node.lent, node.beat, node.beat_seen = False, -1, time.monotonic()
                     self._returned.append(node.name)
             return
         p = self.procs.get(str(ev.get("slot")))
@@ -334,18 +356,34 @@ class NodePool:
         if not live:
             return
         beats = self.store.multi_get([P.node_beat_key(n.rank) for n in live])
-        now = time.time()
+        now = time.monotonic()
         for node, raw in zip(live, beats, strict=True):
             beat = int(raw)
             if beat != node.beat:
                 node.beat, node.beat_seen = beat, now
-            if now - node.beat_seen > self.node_timeout_s:
-                self._lose(node, "hang", f"node {node.name} silent for "
-                           f"{now - node.beat_seen:.1f} s (no heartbeat): fenced", node.beat_seen)
-            elif self._frozen(node, now):
+        self._quiet = {n.name for n in live
+                       if now - n.beat_seen >= QUIET_BEATS * P.NODE_BEAT_INTERVAL_S}
+        for node in live:
+            if self._frozen(node, now):  # /proc shows it stopped: frozen, not cut off
                 self._lose(node, "hang", f"node {node.name} silent for "
                            f"{now - node.beat_seen:.2f} s (no heartbeat), its agent and "
                            "processes stopped (/proc): fenced", node.beat_seen)
+        live = [n for n in live if n.lost is None]
+        verdict = partition_verdict({n.rank: now - n.beat_seen for n in live},
+                                    self_rank=COORDINATOR_RANK, timeout_s=self.node_timeout_s)
+        if verdict.cut_off:
+            if self.cut_off is None:
+                names = [n.name for n in live if n.rank in verdict.quiet]
+                self.cut_off = (f"hosts {', '.join(names)} ({len(names)} of {len(live)}) "
+                                f"went silent together for {self.node_timeout_s:.1f} s: this "
+                                "coordinator is the one cut off")
+                log.error("%s; nobody is blamed", self.cut_off)
+            return
+        for node in live:
+            if node.rank in verdict.lose:
+                self._lose(node, "hang", f"node {node.name} silent for "
+                           f"{now - node.beat_seen:.1f} s (no heartbeat): fenced",
+                           node.beat_seen)
 
     def _frozen(self, node: Node, now: float) -> bool:
         """True when ``node`` (on this machine) has been silent for the stopped deadline
@@ -370,11 +408,11 @@ class NodePool:
         if self.store.check([key]):
             info = json.loads(self.store.get(key))
             node.pid, node.pgid = int(info["pid"]), int(info["pgid"])
-            node.machine, node.joined, node.beat_seen = info["machine"], True, time.time()
+            node.machine, node.joined, node.beat_seen = info["machine"], True, time.monotonic()
             log.info("node %d (%s), borrowed, joined", node.rank, node.name)
-        elif time.time() > node.join_deadline:
+        elif time.monotonic() > node.join_deadline:
             self._lose(node, "node_lost", f"node {node.name} (borrowed) did not join within "
-                       f"{self.register_timeout_s:.0f} s", time.time())
+                       f"{self.register_timeout_s:.0f} s", time.monotonic())
 
     def _lose(self, node: Node, cause: str, detail: str, since: float) -> None:
         node.lost = cause

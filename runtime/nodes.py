@@ -53,6 +53,9 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
     if config.pool:
         agent.on_lend = serve_loan  # this host may be lent to a job of higher priority
     if not identity.is_coordinator:
+        # This process is the host's agent: a lost coordinator ends it at once (exit 4),
+        # whatever its main thread is blocked in (runtime.agent's watchdog).
+        agent.exit_process = True
         return agent.run(), None
     box: dict[str, int] = {}
     thread = threading.Thread(target=lambda: box.__setitem__("rc", agent.run()),
@@ -60,7 +63,8 @@ def run_node(identity: NodeIdentity, config: LaunchConfig, *, nproc: int,
     thread.start()
     cfg = dataclasses.replace(
         config, nodes=identity.total_nodes, host=identity.rdzv_host,
-        port=identity.rdzv_port, workers=identity.nnodes * nproc,
+        port=identity.rdzv_port, node_name=identity.node_name,
+        workers=identity.nnodes * nproc,
         spares=identity.spare_nodes * nproc)
     result = launch(cfg, sink)
     thread.join(timeout=30)

@@ -9,7 +9,12 @@ Layout of an outbox directory:
 * ``dead.jsonl`` — dead letters: ``{"event_id", "reason", "at"}`` for every record the
   sink refused *permanently* (its content, not an outage), fsync'd before the record
   leaves the queue, so that one such record never stalls the records behind it.
-  ``yoco outbox list`` shows them and ``yoco outbox resend`` delivers them again.
+  ``yoco outbox list`` shows them and ``yoco outbox resend`` delivers them again;
+* ``drafts.json`` — failures already acted on whose record is not written yet (the
+  supervisor's merge window, runtime.supervisor.MERGE_WINDOW_S): each the failure record
+  it would write now, replaced atomically and fsync'd at every change, so that a
+  supervisor dying inside the window loses none of them (``--resume`` records them).
+  Drafts are not records: nothing delivers them.
 
 Pending = records − acked − dead (a dead letter later acknowledged is delivered). A
 crash between the sink's acknowledgement and the write to ``acked.jsonl`` makes the next
@@ -60,6 +65,36 @@ def _append_lines(path: Path, lines: list[str]) -> None:
         os.close(fd)
 
 
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_durably(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text``: a temporary file written and fsync'd, renamed over
+    it, the folder fsync'd. On error the temporary file is removed and ``path`` is the
+    old one, whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(text.encode())
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
 def _read_complete_lines(path: Path) -> list[str]:
     """Read the lines of ``path``, dropping (and truncating away) a torn last line."""
     if not path.exists():
@@ -93,6 +128,7 @@ class Outbox:
         self._records_path = self.dir / "records.jsonl"
         self._acked_path = self.dir / "acked.jsonl"
         self._dead_path = self.dir / "dead.jsonl"
+        self._drafts_path = self.dir / "drafts.json"
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: dict[str, dict[str, Any]] = {}
@@ -170,6 +206,51 @@ class Outbox:
                 with contextlib.suppress(OutboxError):
                     self._reserve(self.reserve_bytes)
             return True
+
+    def write_drafts(self, drafts: list[dict[str, Any]]) -> bool:
+        """Replace ``drafts.json`` with ``drafts`` (an empty list removes it), fsync'd --
+        file and folder -- before returning True. A disk that refuses (full: after the
+        reserve is released, as for records; read-only) is logged and False returned: the
+        drafts then live only in the supervisor's memory until their records are written."""
+        path = self._drafts_path
+        with self._lock:
+            for attempt in range(2):
+                try:
+                    if drafts:
+                        _replace_durably(path, json.dumps(drafts, separators=(",", ":")))
+                    elif path.exists():
+                        path.unlink()
+                        _fsync_dir(self.dir)
+                    return True
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC and attempt == 0 \
+                            and self._reserve_path.exists():
+                        self._reserve_path.unlink()
+                        log.error("outbox disk full: released the outbox's %d-byte reserve "
+                                  "in %s to write a failure's draft; free space on that "
+                                  "disk", self.reserve_bytes, self.dir)
+                        continue
+                    log.error("cannot write %s (%s): a failure not yet recorded would be "
+                              "lost with this supervisor", path, exc.strerror or exc)
+                    return False
+        return False
+
+    def read_drafts(self) -> list[dict[str, Any]]:
+        """The drafts ``drafts.json`` holds (see :meth:`write_drafts`); a file that cannot
+        be read as a list of drafts counts as none (logged): it is only ever replaced
+        whole, so that means someone else wrote it."""
+        try:
+            data = json.loads(self._drafts_path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.error("ignoring %s: %s", self._drafts_path, exc)
+            return []
+        if not isinstance(data, list) or not all(
+                isinstance(d, dict) and isinstance(d.get("event_id"), str) for d in data):
+            log.error("ignoring %s: not a list of failure drafts", self._drafts_path)
+            return []
+        return data
 
     def held_records(self) -> list[dict[str, Any]]:
         """Records that are only in memory (the disk refused them)."""

@@ -165,6 +165,13 @@ class WorkerPool:
         """One host: no node is lost apart from the supervisor's own."""
         return []
 
+    #: One host: the supervisor is never cut off from its processes (NodePool's).
+    cut_off: str | None = None
+
+    def quiet_nodes(self) -> set[str]:
+        """One host: no node is ever silent (NodePool's: nodes that missed heartbeats)."""
+        return set()
+
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for every process to end, kill the rest, close logs."""
         deadline = time.time() + grace_s

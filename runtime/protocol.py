@@ -47,6 +47,11 @@ COMMITTED_FILE = "committed"
 KEY_GEN = "gen"
 KEY_PROGRESS = "progress"  # JSON {step, step_seconds, t, gen} from rank 0 after each commit
 KEY_CKPT = "ckpt"  # JSON {step, path}: the newest durable checkpoint
+# A checkpoint write that failed (full or read-only disk...): rank 0's writer sets the
+# error (JSON {step, error}) and counts it; the supervisor logs it and shows it in
+# status.json ("checkpoint_error") until a newer checkpoint is published.
+KEY_CKPT_ERROR = "ckpt_error"
+KEY_CKPT_ERRORS = "ckpt_errors"
 KEY_DONE = "done"  # final step, set by rank 0 when the loop ends
 KEY_SHUTDOWN = "shutdown"  # spares exit when set
 KEY_FAULTS = "faults"  # counter of fault reports
@@ -83,6 +88,12 @@ KEY_AGENT_EVENTS = "agents/events"  # queue: JSON events of every agent, oldest 
 # The job's id, set by the supervisor as soon as it opens the store: an agent that finds
 # another job's id (or none) at its rendezvous endpoint refuses to join it.
 KEY_JOB = "job"
+# The coordinator's liveness: a counter its beat thread adds to every
+# COORD_BEAT_INTERVAL_S. An agent whose watchdog sees it not advance for its
+# coordinator timeout stops its host's processes and exits 4 (runtime.agent).
+KEY_COORD_BEAT = "coordinator/beat"
+#: How often the coordinator beats.
+COORD_BEAT_INTERVAL_S = 0.1
 
 
 def node_info_key(rank: int) -> str:
@@ -149,6 +160,13 @@ def group_prefix(gen: int, name: str) -> str:
 def ready_key(gen: int) -> str:
     """Key rank 0 sets after the first completed step of generation ``gen``."""
     return f"g{gen}/ready"
+
+
+def committed_key(gen: int) -> str:
+    """Key rank 0 of generation ``gen`` sets, as it joins a newer generation, to the last
+    step it reported in ``gen`` (its last :data:`KEY_PROGRESS`): the failed generation's
+    progress, which KEY_PROGRESS no longer shows once the next generation has reported."""
+    return f"g{gen}/committed"
 
 
 def skeleton_key(gen: int, src: int) -> str:

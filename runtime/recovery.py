@@ -1,13 +1,15 @@
 """The supervisor's typed state: incidents, the recovery in progress, pending moves.
 
 An *incident* is one failure event waiting for its outcome (deaths within 1 s of an
-unplanned failure still recovering are merged into it). A *recovery* is the membership
+unplanned failure are merged into it; later ones are incidents of their own in the same
+recovery: a written record is never rewritten). A *recovery* is the membership
 change under way for the pending incidents; a *move* is a pre-emptive or planned
 migration waiting for a ready spare.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -34,6 +36,9 @@ class JobState(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    # The coordinator stopped without ending the job (cut off from its hosts): nothing
+    # recorded against anyone, ``yoco run --resume`` continues it.
+    STOPPED = "stopped"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,11 +49,23 @@ class Incident:
     failure_class: FailureClass
     cause: str
     slots: list[str]
+    # When it was detected (or began: a hang), on the supervisor's monotonic clock; the
+    # record's occurred_at is the wall time of that instant (runtime.supervisor.wall_time).
     detected: float
     step: int
-    emitted: bool = True  # False: a death whose exit status is not known yet
+    # False: a death whose record is not written yet (its merge window is open or its
+    # exit status unknown); its draft is durable (runtime.outbox.Outbox.write_drafts)
+    # under ``event_id``.
+    emitted: bool = True
     gen: int = -1  # the generation that failed
     note: str = ""  # appended to the failure's detail (e.g. the host borrowed for it)
+    # A death during the recovery from an already recorded failure: its own failure
+    # record (nothing written is ever rewritten), whose detail names that failure.
+    joined: str = ""
+    seen: float = field(default_factory=time.monotonic)  # when the supervisor saw it
+    # The wall-clock date of ``detected``, fixed once: its draft and its record carry the
+    # same date (two conversions of one monotonic instant can differ by a microsecond).
+    occurred_at: str | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,7 +98,7 @@ class Move:
     cause: str
     detail: str
     since: float | None = None  # when the failure began (a hang: progress stopped)
-    detected: float
+    detected: float  # time.monotonic()
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -90,7 +107,7 @@ class Fence:
 
     cause: str
     detail: str
-    since: float | None = None  # when the failure began (a hang: progress stopped)
+    since: float | None = None  # when the failure began (a hang: progress stopped; monotonic)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

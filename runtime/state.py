@@ -10,6 +10,7 @@ one byte buffer first, because a collective op has a fixed cost whatever its siz
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -163,8 +164,14 @@ def write_checkpoint(state: Any, directory: Path, step: int, keep: int = 2,
             before_rename(step)
         os.replace(tmp, final)
         _fsync_dir(directory)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {final}: {exc}") from exc
+    except BaseException as exc:
+        # No partial file is left behind (a full disk: torch.save raises RuntimeError
+        # from its stream writer, the fsync an OSError), whatever failed.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, (OSError, RuntimeError)):
+            raise CheckpointError(f"cannot write checkpoint {final}: {exc}") from exc
+        raise
     for old in sorted(directory.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return final
@@ -196,11 +203,13 @@ class CheckpointWriter:
     (a shard of an HSDP checkpoint); ``on_written(step, path)`` runs after a path."""
 
     def __init__(self, write: Callable[[Any, int], Path | None],
-                 on_written: Callable[[int, Path], None]) -> None:
+                 on_written: Callable[[int, Path], None],
+                 on_error: Callable[[int, BaseException], None] | None = None) -> None:
         self._write = write
         self._on_written = on_written
+        self._on_error = on_error
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the latest failed write's error
 
     def submit(self, snapshot: Any, step: int) -> None:
         """Write ``snapshot`` (already a private copy) for ``step``; waits for the previous
@@ -212,8 +221,10 @@ class CheckpointWriter:
                 path = self._write(snapshot, step)
                 if path is not None:
                     self._on_written(step, path)
-            except BaseException as exc:  # reported by wait(); a failed write is no crash
+            except BaseException as exc:  # a failed write is no crash: reported
                 self.error = exc
+                if self._on_error is not None:
+                    self._on_error(step, exc)
 
         self._thread = threading.Thread(target=run, name="yoco-ckpt", daemon=True)
         self._thread.start()

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,7 +32,13 @@ from runtime import protocol as P
 from runtime import records as R
 from runtime.borrowing import Loans
 from runtime.checkpointing import read_committed
-from runtime.control import default_runs_root, take_requests, write_status
+from runtime.control import (
+    default_runs_root,
+    take_requests,
+    write_json_atomically,
+    write_status,
+)
+from runtime.detection import StepTimes
 from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
 from runtime.nodepool import NodePool
@@ -94,11 +101,14 @@ class LaunchConfig:
     store_poll_interval_s: float = 0.02
     fault_grace_s: float = 0.5
     # Step watchdog: a job whose committed step has not advanced for
-    # max(hang_floor_s, hang_factor x steady step time) is hung; the ranks that stopped
-    # beating while their peers wait for them are fenced (cause ``hang``). The floor keeps
-    # a loaded machine's hiccups (seconds on 2 busy cores) from fencing a healthy rank.
+    # max(hang_floor_s, hang_factor x p99 of the recent step times) is hung (before
+    # MIN_STEP_SAMPLES steps were seen: max(hang_floor_s, hang_startup_s)); the ranks
+    # that stopped beating while their peers wait for them are fenced (cause ``hang``).
+    # The floor keeps a loaded machine's hiccups (seconds on 2 busy cores) and a rank
+    # legitimately slow for a few steps from being fenced (runtime.detection).
     hang_floor_s: float = 3.0
-    hang_factor: float = 10.0
+    hang_factor: float = 4.0
+    hang_startup_s: float = 3.0
     # Stopped ranks (and frozen hosts on this machine): a member that /proc shows
     # stopped (state T/t) on every look for half of max(0.25 s, this x steady step),
     # with no committed step for all of it, is fenced at once (cause ``hang``): a stopped
@@ -122,6 +132,10 @@ class LaunchConfig:
     # started by N node agents (runtime.agent), which must register within
     # node_register_timeout_s; a node whose agent is silent for node_timeout_s is lost.
     nodes: int = 0
+    # Multi-node: this (the coordinator's) host's node name, used in every record that
+    # names no process's host (None: the machine's hostname), so that one host has one
+    # name in all records.
+    node_name: str | None = None
     node_timeout_s: float = 2.0
     node_register_timeout_s: float = 300.0
     # Spare borrowing (runtime.borrowing; multi-node only): HOST:PORT of the pool store
@@ -152,7 +166,7 @@ class LaunchConfig:
         if not Path(self.script).is_file():
             raise ConfigError(f"script {self.script!r} does not exist")
         for name in ("progress_interval_s", "telemetry_interval_s", "fault_grace_s",
-                     "hang_floor_s", "hang_factor",
+                     "hang_floor_s", "hang_factor", "hang_startup_s",
                      "finish_timeout_s", "deliver_timeout_s", "store_poll_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
@@ -172,15 +186,52 @@ class LaunchConfig:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
 
 
-#: Deaths this close to an unplanned failure still recovering are the same incident (a
-#: node or the whole job going down is seen one process at a time).
+#: Deaths this close to an unplanned failure's detection are the same incident (a node,
+#: a replica group or the whole job going down is seen one process at a time): one
+#: failure record naming every dead worker, one outcome. The record waits for the
+#: window to close; its draft (runtime.outbox.Outbox.write_drafts) is durable at the
+#: first death, before the recovery is planned, so a supervisor dying inside the window
+#: loses nothing: ``--resume`` records the draft (see Supervisor._resume).
 MERGE_WINDOW_S = 1.0
+
+#: How long a death's failure record waits for its exit status (the cause) at most.
+EXIT_STATUS_WAIT_S = 5.0
 
 #: How long spare replenishment waits for a recovery in progress (see _replenish).
 REPLENISH_DEFER_S = 2.0
 
 #: ``yoco run``'s exit status when the job finished but records are not all delivered.
 EXIT_UNDELIVERED = 3
+
+#: ``yoco run``'s exit status when the coordinator stopped without ending the job: it
+#: found itself cut off from a majority of its hosts (the agents' exit status for a lost
+#: coordinator, runtime.agent.EXIT_COORDINATOR_LOST, is the same number). Nothing was
+#: recorded against anyone; ``yoco run --resume`` on every host continues the job.
+EXIT_CUT_OFF = 4
+
+#: File in RUN_DIR a coordinator that stopped cut off writes (why, when, the step); the
+#: next ``--resume`` says why in its ``supervisor_lost`` failure and removes it.
+STOPPED_FILE = "stopped.json"
+
+#: Every duration and deadline of the supervisor is on ``time.monotonic()`` (a step of
+#: the wall clock must not fence a healthy rank or change a recorded duration); records
+#: carry the wall-clock date of the monotonic instant.
+
+
+def wall_time(mono: float) -> float:
+    """The wall-clock time (epoch seconds) of the monotonic instant ``mono``."""
+    return time.time() - (time.monotonic() - mono)
+
+
+def wall_date(mono: float) -> str:
+    """The wall-clock date (ISO 8601, UTC) of the monotonic instant ``mono``."""
+    return datetime.fromtimestamp(wall_time(mono), UTC).isoformat()
+
+
+def mono_time(wall: float) -> float:
+    """The monotonic instant of the wall-clock time ``wall`` (epoch seconds): for dates
+    that come from outside this process (a drain request's, a resumed job's last commit)."""
+    return time.monotonic() - (time.time() - wall)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -204,6 +255,8 @@ class JobResult:
     outbox_error: str | None = None
     #: Where records that neither the disk nor the sink took were saved instead.
     rescued: Path | None = None
+    #: The latest failed checkpoint write not followed by a good one (status.json's).
+    checkpoint_error: dict[str, Any] | None = None
 
     def delivery_report(self) -> list[str]:
         """One line per undelivered record, saying which and why (empty: all delivered)."""
@@ -235,7 +288,7 @@ class Supervisor:
             sink = (config.sink.build() if config.sink is not None
                     else JsonlFileSink(self.run_dir / "records.jsonl"))
         self.deliverer = Deliverer(self.outbox, sink, DeliveryConfig())
-        self.node = socket.gethostname()
+        self.node = config.node_name or socket.gethostname()
         self.ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.pool: WorkerPool | NodePool = WorkerPool(
             python=config.python, script=config.script, args=config.args,
@@ -276,6 +329,14 @@ class Supervisor:
         self._progress_seen: tuple[int, int] = (-1, -1)  # (gen, step) of the last progress
         # Members /proc showed stopped on every look since (the stopped-rank watchdog).
         self._stopped_since: dict[str, float] = {}
+        # Each member's heartbeat as last read, and when it last changed (monotonic).
+        self._beats: dict[str, tuple[bytes | None, float]] = {}
+        # Recent step durations as this supervisor saw the commits (the adaptive deadline).
+        self.step_times = StepTimes()
+        # The disk refusing status.json, and the latest failed checkpoint write.
+        self.status_error: str | None = None
+        self.checkpoint_error: dict[str, Any] | None = None
+        self._ckpt_errors_seen = 0
         self.sources: list[TelemetrySource] = [FileSignalSource(self.signal_file)]
         if config.signal_command:
             self.sources.append(CommandSignalSource(config.signal_command))
@@ -291,6 +352,14 @@ class Supervisor:
         self.store = dist.TCPStore(config.host, config.port, is_master=True,
                                    wait_for_workers=False, timeout=timedelta(seconds=60))
         self.store.set(P.KEY_JOB, self.job_id)  # agents check whose store they reached
+        # The coordinator's liveness for the agents' watchdogs (runtime.agent), from a
+        # thread on a connection of its own: the loop's own waits (a finishing member,
+        # an exit status) must not look like a lost coordinator.
+        self._beating = threading.Event()
+        if config.nodes:
+            self._beating.set()
+            threading.Thread(target=self._coordinator_beat, name="yoco-coordinator-beat",
+                             daemon=True).start()
         if config.nodes:
             # The agents start the processes (each on its host); this waits for them.
             self.pool = NodePool(self.store, nodes=config.nodes,
@@ -301,6 +370,16 @@ class Supervisor:
         # Hosts shared with other jobs (lent and borrowed): runtime.borrowing.
         self.loans = Loans(self, pool=config.pool, priority=config.priority) \
             if config.pool else None
+
+    def _coordinator_beat(self) -> None:
+        """Advance :data:`runtime.protocol.KEY_COORD_BEAT` every COORD_BEAT_INTERVAL_S
+        until :attr:`_beating` is cleared (the job's end, or this coordinator cut off)."""
+        store = dist.TCPStore(self.cfg.host, self.store.port, is_master=False,
+                              timeout=timedelta(seconds=5))
+        while self._beating.is_set():
+            with contextlib.suppress(RuntimeError, dist.DistStoreError):
+                store.add(P.KEY_COORD_BEAT, 1)
+            time.sleep(P.COORD_BEAT_INTERVAL_S)
 
     # ----------------------------------------------------------------- records
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -345,7 +424,7 @@ class Supervisor:
     def _replenish(self) -> None:
         if not self.cfg.replenish_spares:
             return
-        if self.recovery.active and time.time() - self._published_at < REPLENISH_DEFER_S:
+        if self.recovery.active and time.monotonic() - self._published_at < REPLENISH_DEFER_S:
             # A replacement spare builds its model and pre-faults its receive buffers:
             # hundreds of ms of CPU and memory bandwidth that, started during the
             # recovery, slowed the state transfer it competes with (two cores). Started
@@ -360,14 +439,31 @@ class Supervisor:
         plan.shards = self.cfg.shards
         self.store.set(P.plan_key(plan.gen), plan.encode())
         self.store.set(P.KEY_GEN, str(plan.gen))
-        self._published_at = time.time()
+        self._published_at = time.monotonic()
         self.gen = plan.gen
         self.members = list(plan.members)
         self._write_status(JobState.RUNNING)
 
     def _write_status(self, state: JobState) -> None:
-        self._last_status = time.time()
-        write_status(self.run_dir, {
+        """Replace status.json; a disk that refuses it (full, read-only) is logged and
+        retried at the next status write -- it never stops the job (the records have
+        their own reserved disk, runtime.outbox)."""
+        self._last_status = time.monotonic()
+        try:
+            write_status(self.run_dir, self._status(state))
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if why != self.status_error:
+                log.error("cannot write %s (%s): the job goes on; status.json is stale "
+                          "until the disk takes it again", self.run_dir / "status.json", why)
+            self.status_error = why
+            return
+        if self.status_error is not None:
+            log.warning("status.json written again (after: %s)", self.status_error)
+            self.status_error = None
+
+    def _status(self, state: JobState) -> dict[str, Any]:
+        return {
             "job_id": self.job_id, "state": state.value, "pid": os.getpid(), "gen": self.gen,
             "members": self.members, "spares": self.spares, "step": self.last_step,
             "contract_id": self.cfg.contract_id, "spares_configured": self.cfg.spares,
@@ -376,10 +472,12 @@ class Supervisor:
             "widths": self.loans.widths if self.loans is not None else
             [{"gen": 0, "width": self.cfg.workers, "from_step": 0}],
             "moves_pending": [{"worker": mv.slot, "class": mv.failure_class.value,
-                               "cause": mv.cause, "since": mv.detected}
+                               "cause": mv.cause, "since": wall_time(mv.detected)}
                               for mv in self.moves],
+            # The latest checkpoint write that failed (None: the last one succeeded).
+            "checkpoint_error": self.checkpoint_error,
             "pids": {s: self.pool.procs[s].pid for s in [*self.members, *self.spares]
-                     if s in self.pool.procs}})
+                     if s in self.pool.procs}}
 
     # ----------------------------------------------------------------- main loop
     def run(self) -> JobResult:
@@ -455,32 +553,81 @@ class Supervisor:
         last = max(committed[0], ck_step) if committed else max([*steps, ck_step])
         # Progress stopped at the last commit (else at the last record it wrote).
         times = [datetime.fromisoformat(r["occurred_at"]).timestamp() for r in prior]
+        # Across a lost supervisor its monotonic clock is gone with it: the dead time is
+        # measured on the wall clock (the last commit's date, rank 0's note), the one
+        # duration that is (docs/runtime.md, "Clocks").
         stopped = committed[1] if committed else max(times, default=time.time())
         outcomes = {r["failure_event_id"] for r in prior if r["kind"] == "outcome"}
         open_failures = [
             Incident(event_id=r["event_id"], failure_class=FailureClass(r["failure_class"]),
                      cause=r["cause"], slots=[],
-                     detected=datetime.fromisoformat(r["occurred_at"]).timestamp(),
+                     detected=mono_time(datetime.fromisoformat(r["occurred_at"]).timestamp()),
                      step=int(r.get("step", last)))
             for r in prior if r["kind"] == "failure" and r["event_id"] not in outcomes]
         how = (f"resumes from the checkpoint of step {ck_step}" if ck is not None
                else "retrains from step 0: no checkpoint")
-        inc = self._open_incident(
-            FailureClass.UNPLANNED, "supervisor_lost", [], last,
-            f"supervisor lost at step {last}; restarted, the job {how}"
-            + (f"; {len(open_failures)} open failure(s) closed by this rollback"
-               if open_failures else ""), detected=stopped)
+        stopped_note = self.run_dir / STOPPED_FILE
+        what = f"supervisor lost at step {last}"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            what = (f"coordinator stopped at step {last}, cut off from its hosts "
+                    f"({json.loads(stopped_note.read_text())['why']})")[:300]
+        # Failures the lost supervisor had acted on but not recorded yet (it died inside
+        # their merge window): its loss is part of that incident -- one failure, the
+        # draft's (its id, date, cause, node), saying so, and no supervisor_lost failure.
+        known = {r["event_id"] for r in self._outbox_history()}
+        drafts = [d for d in self.outbox.read_drafts()
+                  if d["event_id"] not in known and d.get("job_id") == self.job_id]
+        incidents = self._record_drafts(drafts, last, f"{what} before recording it; "
+                                                    f"restarted, the job {how}")
+        if not incidents:
+            incidents = [self._open_incident(
+                FailureClass.UNPLANNED, "supervisor_lost", [], last,
+                f"{what}; restarted, the job {how}"
+                + (f"; {len(open_failures)} open failure(s) closed by this rollback"
+                   if open_failures else ""), detected=mono_time(stopped))]
         for f in open_failures:
             log.warning("failure %s (%s) was left without an outcome by the lost "
                         "supervisor: it gets this rollback's outcome", f.event_id, f.cause)
+        with contextlib.suppress(FileNotFoundError):
+            stopped_note.unlink()  # its failure is recorded (just above)
         self.last_step = last
-        self.recovery = Recovery(incidents=[*open_failures, inc], gen=0,
+        self.recovery = Recovery(incidents=[*open_failures, *incidents], gen=0,
                                  outcome=Outcome.ROLLED_BACK, lost_steps=last - ck_step)
         if ck is not None:
             self._publish(P.Plan(gen=0, mode=P.PlanMode.RESUME, members=members,
                                  ckpt=str(ck[1]), ckpt_step=ck_step))
         else:
             self._publish(P.Plan(gen=0, mode=P.PlanMode.START, members=members))
+
+    def _record_drafts(self, drafts: list[dict[str, Any]], last: int, note: str
+                       ) -> list[Incident]:
+        """Write the failure record of each draft a lost supervisor left (see
+        MERGE_WINDOW_S) with its own id, date, cause and node, ``note`` appended to its
+        detail and its step the last committed one ``last`` when later (the rollback's
+        lost steps are counted from there); then remove the drafts. Returns their
+        incidents, open until this resume's rollback gives them their outcome."""
+        incidents = []
+        for d in drafts:
+            tail = f"; {note}"
+            detail = (str(d.get("detail") or "")[:max(500 - len(tail), 0)] + tail)[:500]
+            step = max(int(d.get("step") or 0), last)
+            try:
+                rec = R.validate_record({**d, "detail": detail, "step": step})
+                occurred = datetime.fromisoformat(rec["occurred_at"]).timestamp()
+                failure_class = FailureClass(rec["failure_class"])
+            except (RecordError, ValueError, KeyError, TypeError) as exc:
+                log.error("a lost supervisor's failure draft %s is not a valid failure "
+                          "(%s): recorded as the supervisor's loss instead", d["event_id"], exc)
+                continue
+            self._emit(rec)
+            log.warning("failure %s/%s on %s at step %d, acted on by the lost supervisor "
+                        "but not recorded by it: recorded now (%s)", rec["failure_class"],
+                        rec["cause"], rec.get("node", "-"), step, detail)
+            incidents.append(Incident(event_id=rec["event_id"], failure_class=failure_class,
+                                      cause=rec["cause"], slots=[],
+                                      detected=mono_time(occurred), step=step))
+        self.outbox.write_drafts([])
+        return incidents
 
     def _finished_already(self, prior: list[dict[str, Any]]) -> JobResult:
         """``--resume`` of a job whose end is recorded: start nothing, only deliver."""
@@ -501,7 +648,9 @@ class Supervisor:
             self._emit_deaths(block=False)
             if self.state == JobState.FAILED:
                 return self._result(1)
-            now = time.time()
+            if self.pool.cut_off is not None:
+                return self._stop_cut_off(self.pool.cut_off)
+            now = time.monotonic()
             if now - self._last_store_poll < self.cfg.store_poll_interval_s:
                 time.sleep(0.005)
                 continue
@@ -517,6 +666,7 @@ class Supervisor:
                 self.loans.poll()
             self._handle_watchdog(now)
             self._handle_progress()
+            self._handle_checkpoint_errors()
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
             if now - self._last_status > 1.0:
@@ -527,14 +677,26 @@ class Supervisor:
             time.sleep(0.005)
 
     # ----------------------------------------------------------------- failures
-    def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
-                        step: int, detail: str, detected: float) -> dict[str, Any]:
+    def _build_failure(self, failure_class: FailureClass, cause: str, slots: list[str],
+                       step: int, detail: str, detected: float,
+                       event_id: str | None = None, occurred_at: str | None = None
+                       ) -> dict[str, Any]:
         gpu = self.gpu_of.get(slots[0]) if slots else None
         node = (self.pool.node_of(slots[0]) if slots else None) or self.node
         rec = R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
                         failure_class=failure_class.value, cause=cause, node=node,
                         gpu=gpu, step=step, detail=detail,
-                        occurred_at=datetime.fromtimestamp(detected, UTC).isoformat())
+                        occurred_at=occurred_at or wall_date(detected))
+        if event_id is not None:
+            rec["event_id"] = event_id  # the id its draft was journalled under
+        return rec
+
+    def _failure_record(self, failure_class: FailureClass, cause: str, slots: list[str],
+                        step: int, detail: str, detected: float,
+                        event_id: str | None = None, occurred_at: str | None = None
+                        ) -> dict[str, Any]:
+        rec = self._build_failure(failure_class, cause, slots, step, detail, detected,
+                                  event_id, occurred_at)
         self._emit(rec)
         log.warning("failure %s/%s on %s at step %d: %s", failure_class, cause,
                     ",".join(slots) or "-", step, detail)
@@ -542,7 +704,7 @@ class Supervisor:
 
     def _open_incident(self, failure_class: FailureClass, cause: str, slots: list[str],
                        step: int, detail: str, detected: float | None = None) -> Incident:
-        detected = detected or time.time()
+        detected = detected or time.monotonic()
         rec = self._failure_record(failure_class, cause, slots, step, detail, detected)
         return Incident(event_id=rec["event_id"], failure_class=failure_class, cause=cause,
                         slots=slots, detected=detected, step=step)
@@ -606,11 +768,13 @@ class Supervisor:
             return
         # A hang began when progress stopped, not when it was fenced: the stall counts
         # in the recovery time.
-        detected = min([time.time()] + [f.since for s, _ in dead
-                                         if (f := self.fenced.get(s)) and f.since])
+        detected = min([time.monotonic()] + [f.since for s, _ in dead
+                                              if (f := self.fenced.get(s)) and f.since])
         self._handle_progress()  # the step reached, as of now
-        # No settle window: deaths of the same incident seen later (a node or the whole job
-        # going down, one process at a time) are merged into it and planned again.
+        # Deaths of one incident (a node, a replica group, the whole job: seen one
+        # process at a time) within MERGE_WINDOW_S of its detection join it -- one
+        # failure, one outcome -- and the recovery is planned again from all of them. A
+        # later death during the recovery is a failure of its own naming the first.
         for slot, _ in dead:
             self.retired.add(slot)
             self.moving.discard(slot)
@@ -622,67 +786,118 @@ class Supervisor:
                 and detected - last.detected < MERGE_WINDOW_S:
             pending.pop()
             last.slots += slots
+            self._journal_deaths()  # the draft names them too, before the plan changes
             self._recover(last, [s for s in slots if s in self.members])
             return
-        inc = Incident(event_id="", failure_class=FailureClass.UNPLANNED, cause="",
-                       slots=slots, detected=detected, step=self.last_step, emitted=False,
-                       gen=self.gen)
+        inc = Incident(event_id=R.new_event_id(), failure_class=FailureClass.UNPLANNED,
+                       cause="", slots=slots, detected=detected, step=self.last_step,
+                       emitted=False, gen=self.gen, occurred_at=wall_date(detected))
+        first = next((i for i in pending if i.emitted), None)
+        if first is not None:
+            inc.joined = (f"; during the recovery from failure {first.event_id} "
+                          f"({first.cause})")
         self.unemitted.append(inc)
+        # Durable before anything is decided about it: the record itself waits for the
+        # merge window, its draft does not (a supervisor dying now loses nothing).
+        self._journal_deaths()
         self.killed_at = self._read_killed_at()
         self._recover(inc, [s for s in slots if s in self.members])
 
-    def _emit_deaths(self, *, block: bool) -> None:
-        """Write the failure records of deaths already acted on, once their exit status
-        is known (``block``: wait for it, as an outcome must follow its failure)."""
-        for inc in list(self.unemitted):
-            if not block and time.time() - inc.detected < MERGE_WINDOW_S \
-                    and inc in self.recovery.incidents:
-                # A death seen within the merge window joins this incident: its failure
-                # record (its detail names every dead worker) waits until the window
-                # closes or the outcome is due.
-                continue
-            rcs: list[tuple[str, int | None]] = []
-            for slot in inc.slots:
-                p = self.pool.procs[slot]
-                rc = p.poll()
-                if rc is None and (block or time.time() - inc.detected > 5.0):
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        rc = p.wait(timeout=max(5.0 - (time.time() - inc.detected), 0.01))
-                rcs.append((slot, rc))
-            if any(rc is None for _, rc in rcs) and not block \
-                    and time.time() - inc.detected <= 5.0:
-                continue
-            if self.store.check([P.KEY_PROGRESS]):
-                # Progress the failed generation reported just before the death (rank 0
-                # commits, then a peer dies in the next step) was maybe not read yet.
-                prog = json.loads(self.store.get(P.KEY_PROGRESS))
-                if int(prog.get("gen", inc.gen)) <= inc.gen:
-                    inc.step = max(inc.step, int(prog["step"]))
-                    self.last_step = max(self.last_step, inc.step)
-                    rec = self.recovery
-                    if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
-                        rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
-            fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
-            if fenced:
-                # Several fenced groups merged into one incident (two hosts lost within
-                # the merge window): the detail names each.
-                cause = fenced[0].cause
-                detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
+    def _exit_statuses(self, inc: Incident, *, wait: bool) -> list[tuple[str, int | None]]:
+        """Each dead slot of ``inc`` with its exit status (None: not known yet); ``wait``:
+        wait for it up to EXIT_STATUS_WAIT_S after the death was seen."""
+        rcs: list[tuple[str, int | None]] = []
+        for slot in inc.slots:
+            p = self.pool.procs[slot]
+            rc = p.poll()
+            if rc is None and wait:
+                waited = time.monotonic() - inc.seen
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rc = p.wait(timeout=max(EXIT_STATUS_WAIT_S - waited, 0.01))
+            rcs.append((slot, rc))
+        return rcs
+
+    def _describe_death(self, inc: Incident, rcs: list[tuple[str, int | None]]
+                        ) -> tuple[str, str]:
+        """The cause and detail of a death's failure record (an exit status not known
+        yet reads as a kill: what the draft says until the record is written)."""
+        fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
+        if fenced:
+            # Several fenced groups merged into one incident (two hosts lost within
+            # the merge window): the detail names each.
+            cause = fenced[0].cause
+            detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
+        else:
+            rc = rcs[0][1]
+            if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
+                cause = "process_killed"
+            elif rc < 0:
+                cause = "process_crashed"
             else:
-                rc = rcs[0][1]
-                if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
-                    cause = "process_killed"
-                elif rc < 0:
-                    cause = "process_crashed"
-                else:
-                    cause = "process_exit"
-                detail = ", ".join(f"{s} exit {rc}" for s, rc in rcs)
-            if inc.note:  # e.g. the host borrowed for it: kept whole, the cause trimmed
-                detail = detail[:500 - len(inc.note)] + inc.note
-            rec_ = self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
-                                        detail, inc.detected)
-            inc.event_id, inc.cause, inc.emitted = rec_["event_id"], cause, True
+                cause = "process_exit"
+            detail = ", ".join(f"{s} exit {'unknown' if rc is None else rc}"
+                               for s, rc in rcs)
+        note = inc.note + inc.joined
+        if note:  # the host borrowed for it, the failure it joined: kept whole
+            detail = detail[:max(500 - len(note), 0)] + note
+            detail = detail[:500]
+        return cause, detail
+
+    def _steps_committed_in(self, gen: int) -> int:
+        """The last step generation ``gen`` reported (rank 0's progress), as far as the
+        store shows: KEY_PROGRESS while no newer generation has overwritten it, and what
+        its rank 0 noted as it joined a newer one (protocol.committed_key)."""
+        steps = [-1]
+        if self.store.check([P.KEY_PROGRESS]):
+            prog = json.loads(self.store.get(P.KEY_PROGRESS))
+            if int(prog.get("gen", gen)) <= gen and prog.get("slot") not in self.fenced:
+                steps.append(int(prog["step"]))
+        if gen >= 0 and self.store.check([P.committed_key(gen)]):
+            steps.append(int(self.store.get(P.committed_key(gen))))
+        return max(steps)
+
+    def _journal_deaths(self) -> None:
+        """Make the drafts of the deaths whose records are not written yet durable (the
+        outbox's drafts.json), replacing the previous ones (none left: removed)."""
+        drafts = []
+        for inc in self.unemitted:
+            cause, detail = self._describe_death(inc, self._exit_statuses(inc, wait=False))
+            drafts.append(self._build_failure(FailureClass.UNPLANNED, cause, inc.slots,
+                                              inc.step, detail, inc.detected, inc.event_id,
+                                              inc.occurred_at))
+        self.outbox.write_drafts(drafts)
+
+    def _emit_deaths(self, *, block: bool) -> None:
+        """Write the failure records of deaths already acted on, once their merge window
+        has closed and their exit status is known (``block``: now, waiting for the exit
+        status, as an outcome must follow its failure)."""
+        written = False
+        for inc in list(self.unemitted):
+            seen_for = time.monotonic() - inc.seen
+            if not block and time.monotonic() - inc.detected < MERGE_WINDOW_S \
+                    and inc in self.recovery.incidents:
+                continue  # a death seen within the window still joins it
+            rcs = self._exit_statuses(inc, wait=block or seen_for > EXIT_STATUS_WAIT_S)
+            if any(rc is None for _, rc in rcs) and not block \
+                    and seen_for <= EXIT_STATUS_WAIT_S:
+                continue
+            # Steps the failed generation committed just before the death (rank 0
+            # commits, then a peer dies in the next step) were maybe not read yet.
+            reached = self._steps_committed_in(inc.gen)
+            if reached > inc.step:
+                inc.step = reached
+                self.last_step = max(self.last_step, inc.step)
+                rec = self.recovery
+                if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
+                    rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
+            cause, detail = self._describe_death(inc, rcs)
+            self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
+                                 detail, inc.detected, inc.event_id, inc.occurred_at)
+            inc.cause, inc.emitted = cause, True
             self.unemitted.remove(inc)
+            written = True
+        if written:
+            self._journal_deaths()  # recorded: their drafts go
 
     def _read_killed_at(self) -> float | None:
         if self.store.check([P.KEY_KILLED_AT]):
@@ -824,7 +1039,7 @@ class Supervisor:
     def _fail(self, why: str) -> None:
         log.error("job %s failed: %s", self.job_id, why)
         self._emit_deaths(block=True)
-        now = time.time()
+        now = time.monotonic()
         for inc in self.recovery.incidents:
             self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
                                  outcome=Outcome.FAILED.value, lost_steps=self.last_step,
@@ -857,12 +1072,15 @@ class Supervisor:
                     self._fail(f"rollback failed on {slot}: {report.error}")
                     return
                 if self.first_fault is None:
-                    self.first_fault = ReportedFault(at=time.time(), slot=slot,
+                    self.first_fault = ReportedFault(at=time.monotonic(), slot=slot,
                                                      error=report.error)
         if self.first_fault is not None:
             ff = self.first_fault
             quiet = self._blame_quiet_s()
-            if time.time() - ff.at >= quiet and self._alive(ff.slot):
+            self._observe_beats()
+            if self.pool.quiet_nodes():
+                return  # a host is silent: the node check decides first (not the reporter)
+            if time.monotonic() - ff.at >= quiet and self._alive(ff.slot):
                 self.first_fault = None
                 # No process died. A collective that timed out was maybe waiting for a
                 # peer that is stuck: the reporter keeps beating while it waits for the
@@ -887,22 +1105,39 @@ class Supervisor:
         return max(self.cfg.fault_grace_s, 2 * self.step_seconds + P.BEAT_INTERVAL_S)
 
     def hang_deadline(self) -> float:
-        """Seconds without a committed step after which the job counts as hung."""
-        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * self.step_seconds)
+        """Seconds without a committed step after which the job counts as hung:
+        ``max(hang_floor_s, hang_factor x p99 of the recent steps)`` as this supervisor
+        saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
+        hang_startup_s)`` until enough steps were seen."""
+        return self.step_times.deadline(floor_s=self.cfg.hang_floor_s,
+                                        factor=self.cfg.hang_factor,
+                                        startup_s=self.cfg.hang_startup_s)
+
+    def _observe_beats(self) -> None:
+        """Note, on this supervisor's monotonic clock, when each member's heartbeat last
+        changed (the worker's own clock, maybe another host's, is never compared with
+        this one's). Observations are kept: a beat carries its writer's time, so one
+        unchanged since an earlier look has not been written since (steady training
+        writes none)."""
+        now = time.monotonic()
+        for slot in self.members:
+            raw = self.store.get(P.beat_key(slot)) \
+                if self.store.check([P.beat_key(slot)]) else None
+            if slot not in self._beats or self._beats[slot][0] != raw:
+                self._beats[slot] = (raw, now)
 
     def _silent_members(self, quiet_s: float) -> list[str]:
-        """Live, started members (their model built) that have written no heartbeat in
-        the last ``quiet_s`` seconds (a waiting worker beats every BEAT_INTERVAL_S; see
-        protocol.beat_key)."""
-        now = time.time()
+        """Live, started members (their model built) whose heartbeat has not changed for
+        ``quiet_s`` seconds of observation (a waiting worker beats every
+        BEAT_INTERVAL_S; see protocol.beat_key): a member first observed now is not
+        silent yet."""
+        self._observe_beats()
+        now = time.monotonic()
         silent = []
         for slot in self.members:
             if not self._alive(slot) or not self.store.check([P.waiting_key(slot)]):
                 continue  # dead (the death path acts), or still starting: not stuck
-            beat = 0.0
-            if self.store.check([P.beat_key(slot)]):
-                beat = float(self.store.get(P.beat_key(slot)).split()[2])
-            if now - beat > quiet_s:
+            if now - self._beats[slot][1] >= quiet_s:
                 silent.append(slot)
         return silent
 
@@ -911,9 +1146,14 @@ class Supervisor:
             self._stopped_since.clear()
             return
         stalled = now - self._advanced_at
+        if self.pool.quiet_nodes():
+            return  # a host is silent: the node check decides (lost, or we are cut off)
         if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
             return
         deadline = self.hang_deadline()
+        if stalled < deadline / 3:
+            return
+        self._observe_beats()  # from a third of the deadline: who still beats
         if stalled < deadline:
             return
         # Peers waiting for a stuck rank beat every BEAT_INTERVAL_S; the stuck one has
@@ -982,20 +1222,25 @@ class Supervisor:
         # first step done): what the benchmarks split a recovery into.
         log.info("generation %d ready: %s", rec.gen, json.dumps(timing))
         step_s = self.step_seconds or float(timing["step_seconds"])
+        # Measured by one party on one clock: this supervisor's monotonic clock, from the
+        # detection to the moment it sees the new generation's first completed step (the
+        # worker's wall clock, on another host, is never subtracted from this one's).
+        done = time.monotonic()
         for inc in rec.incidents:
             lost = rec.lost_steps if outcome == Outcome.ROLLED_BACK else 0
             self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
                                  outcome=outcome.value, lost_steps=lost,
-                                 recovery_seconds=max(timing["first_step"] - inc.detected, 0.0),
+                                 recovery_seconds=max(done - inc.detected, 0.0),
                                  step_seconds=max(step_s, 1e-6),
                                  gpus_affected=len(self.members)))
             self.recoveries.append({
                 "outcome": outcome.value, "class": inc.failure_class.value, "cause": inc.cause,
-                "lost_steps": lost, "detected": inc.detected,
+                "lost_steps": lost, "detected": wall_time(inc.detected),
                 "killed_at": self.killed_at, **timing})
         self.recovery = Recovery()
         self.holders = set(self.members)
-        self._advanced_at = time.time()
+        self._advanced_at = time.monotonic()
+        self.step_times.restart()
 
     # ----------------------------------------------------------------- moves
     def _handle_telemetry(self) -> None:
@@ -1036,14 +1281,15 @@ class Supervisor:
         try:
             R.failure(contract_id=self.cfg.contract_id, job_id=self.job_id,
                       failure_class=FailureClass.PREEMPTIVE.value, cause=cause,
-                      node=self.node, gpu=self.gpu_of.get(slot), step=self.last_step,
+                      node=self.pool.node_of(slot) or self.node,
+                      gpu=self.gpu_of.get(slot), step=self.last_step,
                       detail=detail)
         except RecordError as exc:
             log.warning("telemetry signal refused (the ledger would refuse its record): "
                         "%s; signal %r", exc, sig)
             return None
         return Move(slot=slot, failure_class=FailureClass.PREEMPTIVE, cause=cause,
-                    detail=detail, detected=time.time())
+                    detail=detail, detected=time.monotonic())
 
     def _handle_drains(self) -> None:
         for req in take_requests(self.control_dir):
@@ -1061,6 +1307,7 @@ class Supervisor:
                 asked = min(float(req.get("t") or 0.0), time.time()) or time.time()
             except (TypeError, ValueError):
                 asked = time.time()
+            asked = mono_time(asked)  # the request's own (wall) date, on this clock
             self.moves.append(Move(slot=slot, failure_class=FailureClass.PLANNED,
                                    cause="maintenance",
                                    detail=str(req.get("reason") or "").strip()[:500] or "drain",
@@ -1112,12 +1359,13 @@ class Supervisor:
         prog = json.loads(self.store.get(P.KEY_PROGRESS))
         if prog.get("slot") in self.fenced:
             return  # a fenced rank 0 that came back: not the job's progress (refused)
-        now = time.time()
+        now = time.monotonic()
         seen = (int(prog.get("gen", -1)), int(prog["step"]))
         if seen != self._progress_seen:
             self._progress_seen = seen
             if seen[0] == self.gen and not self.recovery.active:
                 self._advanced_at = now  # the watchdog's clock restarts at each commit
+                self.step_times.observe(seen[1], now)
         self.last_step = max(self.last_step, int(prog["step"]))
         self.step_seconds = float(prog["step_seconds"])
         if now - self._last_progress_emit >= self.cfg.progress_interval_s \
@@ -1128,6 +1376,33 @@ class Supervisor:
                                       step=self.last_step,
                                       step_seconds=max(self.step_seconds, 1e-6)))
 
+    def _handle_checkpoint_errors(self) -> None:
+        """Log a failed checkpoint write (an ERROR line, where the operator sees the
+        supervisor's log) and show it in status.json until a newer checkpoint is
+        published; the rollback target stays the newest checkpoint actually written, so
+        a later rollback's lost steps are the true ones."""
+        count = int(self.store.add(P.KEY_CKPT_ERRORS, 0))
+        if count != self._ckpt_errors_seen and self.store.check([P.KEY_CKPT_ERROR]):
+            self._ckpt_errors_seen = count
+            err = json.loads(self.store.get(P.KEY_CKPT_ERROR))
+            ck = self._latest_ckpt()
+            self.checkpoint_error = {"step": int(err["step"]), "error": str(err["error"]),
+                                     "failed_writes": count,
+                                     "newest_checkpoint": ck[0] if ck else None}
+            log.error("CHECKPOINT WRITE FAILED at step %d (%s); %d failed so far. A rollback "
+                      "now goes back to %s. Free space (or fix permissions) under %s",
+                      err["step"], err["error"], count,
+                      f"the checkpoint of step {ck[0]}" if ck else "step 0 (no checkpoint)",
+                      self.ckpt_dir)
+            self._write_status(JobState.RUNNING)
+        elif self.checkpoint_error is not None and self.store.check([P.KEY_CKPT]):
+            step = int(json.loads(self.store.get(P.KEY_CKPT))["step"])
+            if step > self.checkpoint_error["step"]:
+                log.warning("checkpoints written again (step %d) after %d failed write(s)",
+                            step, self.checkpoint_error["failed_writes"])
+                self.checkpoint_error = None
+                self._write_status(JobState.RUNNING)
+
     def _finish(self, step: int) -> JobResult:
         self._handle_ready()
         self._close_at_the_end(step)
@@ -1136,11 +1411,11 @@ class Supervisor:
             self.loans.close()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=step))
-        deadline = time.time() + self.cfg.finish_timeout_s
+        deadline = time.monotonic() + self.cfg.finish_timeout_s
         for slot in self.members:
             p = self.pool.procs[slot]
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(deadline - time.time(), 0.1))
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
         # A member that died after the last commit lost nothing (see _gone_after_the_end);
         # any other exit status but 0 (e.g. the script failing after its loop) is an error.
         bad = [s for s in self.members if s not in self.gone
@@ -1161,7 +1436,7 @@ class Supervisor:
         self._emit_deaths(block=True)
         if not self.recovery.active:
             return
-        now = time.time()
+        now = time.monotonic()
         for inc in self.recovery.incidents:
             log.warning("failure %s (%s) was still recovering when the job's last step "
                         "(%d) was committed: closed with 0 steps lost", inc.event_id,
@@ -1174,8 +1449,8 @@ class Supervisor:
                                  gpus_affected=len(self.members)))
             self.recoveries.append({
                 "outcome": Outcome.LIVE_MIGRATED.value, "class": inc.failure_class.value,
-                "cause": inc.cause, "lost_steps": 0, "detected": inc.detected,
-                "killed_at": self.killed_at, "first_step": now, "step": step})
+                "cause": inc.cause, "lost_steps": 0, "detected": wall_time(inc.detected),
+                "killed_at": self.killed_at, "first_step": wall_time(now), "step": step})
         self.recovery = Recovery()
         # Members of the unfinished generation (a spare called in) must not be waited for.
         self.members = [m for m in self.members
@@ -1187,12 +1462,42 @@ class Supervisor:
         self._write_status(JobState.FAILED if code else JobState.FINISHED)
         return JobResult(job_id=self.job_id, run_dir=self.run_dir, exit_code=code,
                          final_step=self.last_step, recoveries=self.recoveries,
-                         delivered=False)
+                         delivered=False, checkpoint_error=self.checkpoint_error)
 
     def _shutdown(self) -> None:
+        self._beating.clear()
+        if self.state == JobState.STOPPED:
+            return  # _stop_cut_off ended what it could reach; the job is not over
         with contextlib.suppress(Exception):
             self.store.set(P.KEY_SHUTDOWN, "1")
         self.pool.shutdown()
+
+    def _stop_cut_off(self, why: str) -> JobResult:
+        """This coordinator cannot reach a majority of its hosts (they went silent
+        together: runtime.detection.partition_verdict): it is the one cut off, so it
+        blames nobody. It stops beating (every agent's watchdog then stops its host's
+        processes and exits 4, on this host too), kills the processes it can reach, and
+        ends without recording a failure, an outcome or the job's end -- ``yoco run
+        --resume`` on every host, once the network is back, continues the job from its
+        newest checkpoint (recording the stop as ``supervisor_lost`` with the true lost
+        steps; its detail says why, from ``RUN_DIR/stopped.json``)."""
+        log.error("coordinator cut off: %s. Stopping WITHOUT recording any host's failure "
+                  "(the hosts are probably healthy); once the network is back, run `yoco "
+                  "run --resume` on every host to continue job %s", why, self.job_id)
+        self.state = JobState.STOPPED
+        self._beating.clear()
+        for p in self.pool.procs.values():
+            with contextlib.suppress(OSError):
+                p.kill()
+        note = {"why": why, "at": time.time(), "step": self.last_step}
+        try:
+            write_json_atomically(self.run_dir / STOPPED_FILE, note)
+        except OSError as exc:  # the resume's detail is then generic; nothing is lost
+            log.error("cannot write %s: %s", self.run_dir / STOPPED_FILE, exc)
+        self._write_status(JobState.STOPPED)
+        return JobResult(job_id=self.job_id, run_dir=self.run_dir, exit_code=EXIT_CUT_OFF,
+                         final_step=self.last_step, recoveries=self.recoveries,
+                         delivered=False)
 
     def deliver_and_stop(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout``) for the sink to acknowledge every record; True if so.

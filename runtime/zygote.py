@@ -55,8 +55,11 @@ def _child(req: dict[str, Any]) -> None:
         os.environ.update(req["env"])
         sys.argv = list(req["argv"])
         sys.path[0] = str(Path(req["argv"][0]).resolve().parent)
-        print(f"[yoco] {req['slot']} forked by the spare zygote (torch already imported)",
-              flush=True)
+        # A log on a full disk must not end the worker before it starts (its output is
+        # then lost; the job is not).
+        with contextlib.suppress(OSError):
+            print(f"[yoco] {req['slot']} forked by the spare zygote (torch already "
+                  "imported)", flush=True)
     except BaseException:  # could not even become the worker
         with contextlib.suppress(Exception):
             import traceback

@@ -41,6 +41,7 @@ SERIAL_JOB_FILES = frozenset({
     "tests/adapters/test_torchrun.py",
     "tests/runtime/test_fencing.py",
     "tests/runtime/test_transparent.py",
+    "tests/runtime/test_partition_real.py",
 })
 SERIAL_JOB_GROUP = "runtime-fault-jobs"
 

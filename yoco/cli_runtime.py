@@ -112,11 +112,12 @@ def run(
              "or start each as a new process (3-10 s)."),
     hang_floor: float = typer.Option(
         3.0, "--hang-floor", min=0.1,
-        help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x steady step "
-             "time) seconds without a committed step while its peers wait for it; it is "
+        help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x p99 of the "
+             "recent step times) seconds without a committed step while its peers wait "
+             "for it; it is "
              "then killed and replaced (cause hang). Raise it if one rank legitimately "
              "does much more work in some steps (e.g. evaluation on rank 0)."),
-    hang_factor: float = typer.Option(10.0, "--hang-factor", min=1.0,
+    hang_factor: float = typer.Option(4.0, "--hang-factor", min=1.0,
                                       help="Step watchdog factor (see --hang-floor)."),
     hang_stopped_factor: float = typer.Option(
         3.0, "--hang-stopped-factor", min=0.0,
@@ -167,7 +168,9 @@ def run(
 
     Exit status: 0 finished and every record delivered; 1 the job failed; 2 bad
     input; 3 the job finished but some records were not delivered (listed, with why:
-    refused by the sink, or the sink unreachable).
+    refused by the sink, or the sink unreachable); 4 (multi-node) the coordinator was
+    lost (an agent's host) or found itself cut off from a majority of its hosts (the
+    coordinator's host): resume with --resume on every host.
 
     Starts WORKERS processes of SCRIPT plus SPARES hot spares. A killed worker is
     replaced by a spare that receives the full training state from a healthy replica
@@ -250,9 +253,18 @@ def run(
     except OutboxError as exc:
         typer.echo(f"error: {exc}; the job was not started", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"job {result.job_id}: {'finished' if result.exit_code == 0 else 'FAILED'} at "
+    from runtime.supervisor import EXIT_CUT_OFF
+
+    state = {0: "finished", EXIT_CUT_OFF: "STOPPED, the coordinator cut off from its hosts "
+             "(nothing recorded against them; `yoco run --resume` on every host continues "
+             "it)"}.get(result.exit_code, "FAILED")
+    typer.echo(f"job {result.job_id}: {state} at "
                f"step {result.final_step}; {len(result.recoveries)} recoveries; run dir "
                f"{result.run_dir}")
+    if result.checkpoint_error:
+        ce = result.checkpoint_error
+        typer.echo(f"warning: {ce['failed_writes']} checkpoint write(s) failed, the latest at "
+                   f"step {ce['step']}: {ce['error']}", err=True)
     problems = result.delivery_report()
     undelivered = not result.delivered or result.rescued is not None
     if problems and not undelivered:  # the outbox's disk failed, the sink took it all

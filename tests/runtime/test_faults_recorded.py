@@ -102,6 +102,8 @@ def test_telemetry_signals_are_checked_at_the_door(
 
 
 def test_merged_deaths_are_one_failure_naming_every_worker(tmp_path: Path) -> None:
+    # Two workers die in the same step (within the merge window): one incident -- one
+    # failure naming both, one outcome, one recovery.
     cfg = _config(tmp_path, "two", steps=20, workers=3, spares=2,
                   faults=("kill:rank=0:step=5", "kill:rank=1:step=5"), checkpoint_every=0)
     sink = JsonlFileSink(tmp_path / "two.records.jsonl")
@@ -112,6 +114,8 @@ def test_merged_deaths_are_one_failure_naming_every_worker(tmp_path: Path) -> No
     _one_outcome_each(recs)
     [fail] = [r for r in recs if r["kind"] == "failure"]
     assert "w0 exit -9" in fail["detail"] and "w1 exit -9" in fail["detail"], fail
+    assert len(result.recoveries) == 1
+    assert not (tmp_path / "runs" / "two" / "outbox" / "drafts.json").exists()
 
 
 def _yoco_run(tmp: Path, name: str, sink_args: list[str], *extra: str

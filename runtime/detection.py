@@ -1,0 +1,146 @@
+"""Pure detection decisions of the coordinator and the agents: no I/O, no clock of their
+own (every function takes ``now`` or durations measured by its caller on one host's
+monotonic clock), so each is unit-tested in-process (tests/runtime/test_detection.py).
+
+This is the first piece of the coordinator as a pure state machine (issue 24, after
+torchft's ``quorum_compute``: the decision is a function of what each party last
+reported and when, the I/O around it is the supervisor's and the agents'):
+
+* :func:`coordinator_lost` -- an agent's verdict on its coordinator (a deadline on the
+  last time the coordinator's liveness counter advanced, read by a watchdog thread that
+  no blocking store call can hold up);
+* :func:`partition_verdict` -- the coordinator's verdict on its hosts' silences: the
+  silent hosts are lost, *unless* together they are a majority, in which case the
+  coordinator is the one cut off (a partition of its own host) and must blame nobody;
+* :class:`StepTimes` / :func:`adaptive_deadline` -- how long without a committed step (or
+  a host's heartbeat) counts as hung: ``max(floor, factor x p99)`` of the recent steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: A host silent for this fraction of the node timeout counts as gone *together* with a
+#: host already past the timeout when the coordinator decides whether it is cut off: in a
+#: partition every remote host falls silent within a beat interval or two of the others,
+#: while the coordinator looks at them one after the other.
+QUIET_FRACTION = 0.5
+
+#: Recent step durations kept for the adaptive deadline.
+STEP_WINDOW = 64
+#: Steps observed before the adaptive deadline replaces the startup one (fewer samples
+#: say nothing about the tail).
+MIN_STEP_SAMPLES = 8
+
+
+def coordinator_lost(last_advanced: float, now: float, timeout_s: float) -> bool:
+    """True when the coordinator's liveness counter last advanced (``last_advanced``, on
+    the caller's monotonic clock) more than ``timeout_s`` before ``now``."""
+    if timeout_s <= 0:
+        raise ValueError("timeout_s must be > 0")
+    return now - last_advanced > timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionVerdict:
+    """What the coordinator does about its hosts' silences.
+
+    ``lose``: node ranks to fence as lost (silent past the timeout), when the coordinator
+    still reaches a majority. ``cut_off``: the coordinator reaches no majority -- the silent
+    hosts went quiet together -- so it is the one partitioned: it records nobody's failure
+    and stops (``lose`` is then empty)."""
+
+    lose: tuple[int, ...] = ()
+    cut_off: bool = False
+    quiet: tuple[int, ...] = ()
+
+
+def partition_verdict(silence_s: Mapping[int, float], *, self_rank: int,
+                      timeout_s: float) -> PartitionVerdict:
+    """Decide from how long each live host has been silent (``silence_s``: node rank ->
+    seconds since its heartbeat last advanced, measured by the coordinator on its own
+    monotonic clock; ``self_rank``, the coordinator's own host, is always reachable).
+
+    * No host past ``timeout_s``: nothing to do.
+    * Hosts silent past ``timeout_s``, and the hosts quiet for at least
+      :data:`QUIET_FRACTION` of it are two or more and leave the coordinator's side
+      without a strict majority of the live hosts: the coordinator is cut off
+      (``cut_off``): a partition of its own host, or a correlated loss of most hosts it
+      cannot tell from one -- either way it must not blame the majority.
+    * Otherwise the hosts past the timeout are lost (``lose``), as before.
+
+    A single silent host is always lost, even in a job of two hosts (where no side has a
+    majority): one host's silence is the usual hang, and a coordinator that stopped at
+    each one would end every two-host job at its first frozen host (docs/runtime.md).
+    """
+    if timeout_s <= 0:
+        raise ValueError("timeout_s must be > 0")
+    others = {r: s for r, s in silence_s.items() if r != self_rank}
+    overdue = tuple(sorted(r for r, s in others.items() if s > timeout_s))
+    if not overdue:
+        return PartitionVerdict()
+    quiet = tuple(sorted(r for r, s in others.items() if s >= QUIET_FRACTION * timeout_s))
+    live = len(others) + 1
+    reachable = live - len(quiet)
+    if len(quiet) >= 2 and 2 * reachable <= live:
+        return PartitionVerdict(cut_off=True, quiet=quiet)
+    return PartitionVerdict(lose=overdue, quiet=quiet)
+
+
+def quantile(samples: Iterable[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``samples`` (nearest rank, the higher one); 0.0 for
+    none."""
+    if not 0 <= q <= 1:
+        raise ValueError("q must be in 0..1")
+    xs = sorted(samples)
+    if not xs:
+        return 0.0
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def adaptive_deadline(samples: Iterable[float], *, floor_s: float, factor: float,
+                      startup_s: float, q: float = 0.99) -> float:
+    """Seconds of silence (no committed step, no heartbeat) after which a rank or host is
+    hung: ``max(floor_s, factor x the q quantile of the recent step durations)``. With
+    fewer than :data:`MIN_STEP_SAMPLES` samples, ``max(floor_s, startup_s)``: the tail of
+    the distribution is not known yet (first steps, compilation, a new generation)."""
+    if floor_s <= 0 or factor <= 0 or startup_s < 0:
+        raise ValueError("floor_s and factor must be > 0, startup_s >= 0")
+    xs = list(samples)
+    if len(xs) < MIN_STEP_SAMPLES:
+        return max(floor_s, startup_s)
+    return max(floor_s, factor * quantile(xs, q))
+
+
+class StepTimes:
+    """The recent step durations as one party sees them on its own monotonic clock: fed
+    ``observe(step, now)`` at each committed step it sees (several steps seen at once
+    count as that many steps of the mean duration)."""
+
+    def __init__(self, window: int = STEP_WINDOW) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.samples: deque[float] = deque(maxlen=window)
+        self._last: tuple[int, float] | None = None
+
+    def observe(self, step: int, now: float) -> None:
+        """Note that ``step`` is the committed step as of ``now``."""
+        if self._last is not None and step > self._last[0]:
+            n = step - self._last[0]
+            each = (now - self._last[1]) / n
+            self.samples.extend([each] * min(n, self.samples.maxlen or n))
+        if self._last is None or step != self._last[0]:
+            self._last = (step, now)
+
+    def restart(self) -> None:
+        """Forget the last observation (a new generation: the gap is a recovery, not a
+        step); the samples stay."""
+        self._last = None
+
+    def deadline(self, *, floor_s: float, factor: float, startup_s: float) -> float:
+        """:func:`adaptive_deadline` over the recent samples."""
+        return adaptive_deadline(self.samples, floor_s=floor_s, factor=factor,
+                                 startup_s=startup_s)
