@@ -82,6 +82,18 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def usable_key_name(name: str) -> bool:
+    """True iff ``name`` can be a note key name (:func:`_check_name`).  A log's origin
+    names its contract, and a contract id may hold a '+' (which separates a key text's
+    fields): C2SP's key name = origin is a SHOULD, so such a log's checkpoints keep the
+    operator's key name, on the signing and the verifying side alike."""
+    try:
+        _check_name(name)
+    except NoteError:
+        return False
+    return True
+
+
 def _check_name(name: object) -> str:
     """Key names: non-empty, no Unicode white space, no '+' (as Go's isValidName)."""
     if not isinstance(name, str) or not name:
@@ -193,9 +205,9 @@ class Verifier:
 
     def named(self, name: str) -> Verifier:
         """The same public key under another key name (a log's origin): what Go's
-        ``note.Open`` needs to accept a signature line of that name.  Raises
-        :class:`NoteError` on a bad name."""
-        if name == self.name:
+        ``note.Open`` needs to accept a signature line of that name.  A name that cannot
+        be a key name (see :func:`usable_key_name`) keeps this key's own name."""
+        if name == self.name or not usable_key_name(name):
             return self
         return Verifier(name, key_id(name, self.public_key), self.public_key, self._key)
 
@@ -268,8 +280,9 @@ class Signer:
 
     def named(self, name: str) -> Signer:
         """This signer's Ed25519 key under another key name (a log's origin): the same
-        private key, a different key ID.  Raises :class:`NoteError` on a bad name."""
-        if name == self.name:
+        private key, a different key ID.  A name that cannot be a key name (see
+        :func:`usable_key_name`) keeps this key's own name."""
+        if name == self.name or not usable_key_name(name):
             return self
         seed = self._key.private_bytes(
             serialization.Encoding.Raw,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -87,9 +88,13 @@ def test_records_go_through_the_api_once_and_refusals_are_dead_letters(
     good = [R.job_started(contract_id=ledger_contract, job_id="api-1", gpus=2)]
     fail = R.failure(contract_id=ledger_contract, job_id="api-1", failure_class="unplanned",
                      cause="process_killed", step=3)
+    # reported once the 2 s recovery is over (the plausibility rule, docs/definitions.md)
+    over = datetime.fromisoformat(fail["occurred_at"].replace("Z", "+00:00")) + timedelta(
+        seconds=2.5)
     good += [fail, R.outcome(contract_id=ledger_contract, failure_event_id=fail["event_id"],
                              outcome="rolled_back", lost_steps=1, recovery_seconds=2.0,
-                             step_seconds=0.5, gpus_affected=2)]
+                             step_seconds=0.5, gpus_affected=2,
+                             occurred_at=over.isoformat().replace("+00:00", "Z"))]
     unknown = R.outcome(contract_id=ledger_contract, failure_event_id=R.new_event_id(),
                         outcome="failed", lost_steps=0, recovery_seconds=1.0, step_seconds=0.5,
                         gpus_affected=2)

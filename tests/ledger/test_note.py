@@ -397,3 +397,19 @@ def test_checkpoints_signed_under_the_operators_name_stay_verifiable() -> None:
         (origin, operator.verifier.public_key)]
     # an origin that cannot be a key name (white space) adds nothing
     assert note.checkpoint_verifiers(operator.verifier, "bad origin") == (operator.verifier,)
+
+
+def test_an_origin_that_cannot_be_a_key_name_keeps_the_operators_name() -> None:
+    """A contract id may hold a '+' (it separates a key text's fields), so its log's
+    origin cannot be a key name: that log's checkpoints are signed under the operator's
+    key name, and opened the same way on the verifying side."""
+    operator = Signer.generate("yoco.example/ledger")
+    origin = "yoco.example/ledger/+C-1"
+    assert not note.usable_key_name(origin)
+    assert note.usable_key_name("yoco.example/ledger/C-1")
+    assert operator.named(origin) is operator
+    assert operator.verifier.named(origin) is operator.verifier
+    text = sign_checkpoint(operator, origin, 7, ROOT)
+    assert f"\n\u2014 {operator.name} " in text
+    assert open_checkpoint(text, operator.verifier, origin=origin).size == 7
+    assert _go_open(text, operator.verifier_text()).startswith(origin + "\n")
