@@ -2,7 +2,7 @@
 own (every function takes ``now`` or durations measured by its caller on one host's
 monotonic clock), so each is unit-tested in-process (tests/runtime/test_detection.py).
 
-This is the first piece of the coordinator as a pure state machine (issue 24, after
+This is the first piece of the coordinator as a pure state machine (after
 torchft's ``quorum_compute``: the decision is a function of what each party last
 reported and when, the I/O around it is the supervisor's and the agents'):
 
