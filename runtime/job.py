@@ -353,28 +353,44 @@ class Job:
                 if self._move_seen:
                     self._move_seen = False
                     self._join(self.gen + 1)
-            self._complete_transfer()  # joined at the very end: nothing left to step
-            if self.rank == 0 and self._regroup_timing is not None:
-                # A generation that joined with every step already committed (a peer
-                # died in the last step, after its gradient was in): it is complete, so
-                # its recovery is too -- the supervisor records the outcome from this.
-                self._mark_ready(self.step, self._mean_step_seconds())
-            self._faults.at_loop_end(step=self.step, rank=self.rank)
-            m.mark(P.finished_key(self.slot), str(self.step))
-            # Nobody leaves while a peer may still be inside its last collective (see
-            # Membership.await_finished): every member waits for every member's mark.
-            missing = m.await_finished(m.plan(self.gen).members, self.config.finish_timeout_s)
-            if missing and self._rejoin_at_the_end():
+            if self._end_of_loop():
                 continue
-            if missing:
-                log.warning("%s leaves without the finished mark of %s (after %.0f s at "
-                            "most, or the membership changed)", self.slot,
-                            ", ".join(missing), self.config.finish_timeout_s)
             break
+        self._end_of_job()
+
+    def _end_of_loop(self) -> bool:
+        """The end-of-job protocol once every step is committed: this member's finished
+        mark, then every member's awaited.  True iff a newer generation including this
+        process was joined meanwhile (the caller goes on with it and ends again)."""
+        m = self._m
+        if m is None or self._faults is None:
+            raise ConfigError("the end-of-job protocol needs a membership")
+        self._complete_transfer()  # joined at the very end: nothing left to step
+        if self.rank == 0 and self._regroup_timing is not None:
+            # A generation that joined with every step already committed (a peer
+            # died in the last step, after its gradient was in): it is complete, so
+            # its recovery is too -- the supervisor records the outcome from this.
+            self._mark_ready(self.step, self._mean_step_seconds())
+        self._faults.at_loop_end(step=self.step, rank=self.rank)
+        m.mark(P.finished_key(self.slot), str(self.step))
+        # Nobody leaves while a peer may still be inside its last collective (see
+        # Membership.await_finished): every member waits for every member's mark.
+        missing = m.await_finished(m.plan(self.gen).members, self.config.finish_timeout_s)
+        if missing and self._rejoin_at_the_end():
+            return True
+        if missing:
+            log.warning("%s leaves without the finished mark of %s (after %.0f s at "
+                        "most, or the membership changed)", self.slot,
+                        ", ".join(missing), self.config.finish_timeout_s)
+        return False
+
+    def _end_of_job(self) -> None:
+        """After the end-of-job protocol: the last checkpoint written out, then rank 0's
+        done mark (the supervisor's sign that the job ended)."""
         if self._ckpt is not None:
             self._ckpt.wait()
-        if self.rank == 0:
-            m.mark(P.KEY_DONE, str(self.step))
+        if self.rank == 0 and self._m is not None:
+            self._m.mark(P.KEY_DONE, str(self.step))
 
     def _rejoin_at_the_end(self) -> bool:
         """After the loop: if a newer generation that includes this process was published

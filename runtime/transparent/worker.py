@@ -755,25 +755,9 @@ class Transparent:
             return
         self._finished = True
         self._checkpoint_if_due()
-        m = job._m
-        assert job._faults is not None
-        while True:
-            job._complete_transfer()
-            if job.rank == 0 and job._regroup_timing is not None:
-                job._mark_ready(job.step, job._mean_step_seconds())
-            job._faults.at_loop_end(step=job.step, rank=job.rank)
-            m.mark(P.finished_key(self.slot), str(job.step))
-            missing = m.await_finished(m.plan(job.gen).members, job.config.finish_timeout_s)
-            if missing and job._rejoin_at_the_end():
-                continue
-            if missing:
-                log.warning("%s leaves without the finished mark of %s", self.slot,
-                            ", ".join(missing))
-            break
-        if job._ckpt is not None:
-            job._ckpt.wait()
-        if job.rank == 0:
-            m.mark(P.KEY_DONE, str(job.step))
+        while job._end_of_loop():
+            pass
+        job._end_of_job()
 
 
 # ----------------------------------------------------------------- installation
