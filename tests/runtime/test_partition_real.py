@@ -181,7 +181,11 @@ def test_a_node_loss_is_recorded_once_when_the_coordinator_dies_right_after_it(
         # Recorded before the coordinator died: the coordinator's loss is a failure of
         # its own; the node loss has its own outcome (live_migrated/0 when its migration
         # was done before the coordinator died, else the resume's rollback).
-        assert [f["event_id"] for f in recorded] == [node["event_id"]] and drafts == []
+        assert [f["event_id"] for f in recorded] == [node["event_id"]]
+        # The draft is removed just after its record is appended, so the host may die
+        # between the two: a draft already recorded is then left behind, and the resume
+        # must not record it again (_exactly_once above).
+        assert [d["event_id"] for d in drafts] in ([], [node["event_id"]]), drafts
         assert sorted((f["cause"], f["node"]) for f in fails) == [
             ("node_lost", "host1"), ("supervisor_lost", "host0")]
     # The rollback goes back from the last committed step (the resume's failure's step)
