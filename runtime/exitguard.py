@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 #: Helper threads blocked in a gloo wait, and tokens of collectives whose completion
 #: callback (Python, run on a process group thread) has not run yet.
@@ -101,8 +101,15 @@ def _guard() -> None:
         return  # nothing blocked: the normal teardown is safe
     print(f"[yoco] {n} gloo wait(s) or collective(s) of abandoned generations still "
           "pending: leaving without the interpreter's teardown", file=sys.stderr)
+    leave(int(_state["code"]))
+
+
+def leave(code: int) -> NoReturn:
+    """End the process now with ``code``: logging shut down and the output flushed, then
+    ``os._exit`` -- no interpreter teardown, so no C++ destructor of a torch object runs
+    while a gloo thread of an abandoned generation may still be joinable."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(int(_state["code"]))
+    os._exit(code)

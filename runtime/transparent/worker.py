@@ -30,6 +30,7 @@ what this discovers, what it cannot, and what then happens (rollback).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import json
@@ -47,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
+from runtime import exitguard
 from runtime import protocol as P
 from runtime.errors import ConfigError, GenerationChanged, TransparentError
 from runtime.job import Job, JobConfig
@@ -839,3 +841,11 @@ def run_script(argv: list[str]) -> None:
     sys.path[0] = os.path.dirname(script)
     runpy.run_path(script, run_name="__main__")
     rt.finish()
+    # The script is over and every step is committed. The runtime's groups of earlier
+    # generations (a drain, a move) may still hold gloo threads that are joinable when the
+    # interpreter tears torch down: "terminate called without an active exception", and a
+    # job whose every step was committed ended "failed" (seen once in a clean-clone run).
+    # So the script's own exit handlers run, then the process leaves without the teardown,
+    # as runtime.exitguard does for a blocked wait.
+    atexit._run_exitfuncs()
+    exitguard.leave(0)
