@@ -96,7 +96,10 @@ def test_rollback_when_no_spare_or_no_replica(reference: Path, tmp_path: Path) -
     # No spare: a cold replacement and everyone reloads step 5 (2 steps lost); then the
     # whole job dies at step 13: reload step 10 (3 steps lost) -- or step 5 (8 lost) when
     # the asynchronous write of step 10's checkpoint was still under way as everyone was
-    # killed (three steps of no sleep after it: seen on a loaded machine).
+    # killed (three steps of no sleep after it: seen on a loaded machine). The first rank
+    # to start step 13 dies before rank 0 may have committed step 13 (the supervisor then
+    # retires rank 0 for the rollback): the job's last committed step, the failure's step,
+    # is then 12, and 2 (or 7) steps are lost -- seen once in a CI run.
     result, recs, out = _run(tmp_path, "rb", faults=["kill:rank=1:step=7", "killall:step=13"],
                              spares=0)
     assert result.exit_code == 0, result
@@ -104,10 +107,10 @@ def test_rollback_when_no_spare_or_no_replica(reference: Path, tmp_path: Path) -
     fails = [r for r in recs if r["kind"] == "failure"]
     # Survivors may have completed the killed step's allreduce (step 8) or not (step 7).
     assert fails[0]["step"] in (7, 8)
-    assert fails[1]["step"] == 13
+    assert fails[1]["step"] in (12, 13)
     assert got[0] == ("unplanned", "process_killed", "rolled_back", fails[0]["step"] - 5)
-    assert got[1] in (("unplanned", "process_killed", "rolled_back", 3),
-                      ("unplanned", "process_killed", "rolled_back", 8)), got
+    assert got[1] in (("unplanned", "process_killed", "rolled_back", fails[1]["step"] - 10),
+                      ("unplanned", "process_killed", "rolled_back", fails[1]["step"] - 5)), got
     assert len(got) == 2
     _assert_identical(reference, out)
 
