@@ -274,8 +274,8 @@ How to check it
    signed e-mail) and save it as operator.key. Do not take it from this pack or from
    the site you downloaded it from: everything below is only as good as that key.
 
-2. Install the verifier once (the verifier/ folder of the yoco repository; it needs
-   no database and no network):
+2. Install the verifier once (the verifier/ folder of the yoco repository, which your
+   operator provides; it needs no database and no network):
 
    pip install ./verifier
 
@@ -294,8 +294,9 @@ How to check it
 
 4. The inclusion proof stands alone as well, for a check without the whole log:
    the operator's `yoco verify-proof report-entry-proof.json --public-key operator.key`,
-   or by hand with any RFC 9162 tooling (docs/proofs.md). Step 3 already checks the
-   entry as part of the whole log.
+   or by hand with any RFC 9162 tooling (docs/proofs.md in the yoco repository). Step 3
+   already checks the entry as part of the whole log.
 
-The procedure, and what the verifier does not check, are in docs/audit.md.
+The procedure in full, and what the verifier does not check: the portal's guide "Check
+the figures yourself" (/verify), and docs/audit.md in the yoco repository.
 """

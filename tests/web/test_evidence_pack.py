@@ -38,6 +38,7 @@ def test_the_customer_finds_and_downloads_the_pack_in_the_portal_and_the_api(
     assert f'href="{PORTAL}"' in page and 'data-test="evidence-2026-03"' in page
     # Only issued months have one: April (not issued) has no link.
     assert "/reports/2026-04/evidence.zip" not in page
+    assert "evidence pack" in alice.get("/verify").text  # the guide names it
 
     got = alice.get(PORTAL)
     assert got.status_code == 200, got.text
