@@ -63,6 +63,8 @@ def test_the_customer_finds_and_downloads_the_pack_in_the_portal_and_the_api(
     assert item["evidence"] == API
     api = alice.get(API)
     assert api.status_code == 200 and api.content == built.data
+    again = alice.get(API, headers={"If-None-Match": api.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
 
 
 def test_a_month_not_issued_has_no_pack_and_says_so(
@@ -94,3 +96,6 @@ def test_another_tenant_cannot_download_the_pack(
     r = token.get(API, headers={"Authorization": f"Bearer {seed.read_token_b}"})
     assert r.status_code == 404 and issued["doc"].pdf_sha256 not in r.text
     assert token.get(API).status_code == 401
+    # An ingest token (Acme's runtime) reads nothing, this neither.
+    assert token.get(API, headers={"Authorization": f"Bearer {seed.token}"}
+                     ).status_code == 403

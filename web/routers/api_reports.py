@@ -159,6 +159,7 @@ def _get_report(
                409: {"description": "No signed checkpoint holds the report's entry yet."}},
 )
 def get_evidence(
+    request: Request,
     contract_id: str,
     month: Annotated[str, Path(description="YYYY-MM: an issued month")],
     reader: ReaderDep,
@@ -167,5 +168,13 @@ def get_evidence(
     """An issued month's evidence pack (ZIP): the report's exact bytes, their digests, its
     ``report`` entry and inclusion proof, the checkpoint it was issued over (with its
     cosignatures), the contract's log archive up to a checkpoint holding the entry (what
-    ``yoco-verify`` reads), and a README giving the ``yoco-verify`` command."""
-    return evidence_download(portal, reader, contract_id, month)
+    ``yoco-verify`` reads), and a README giving the ``yoco-verify`` command.  The tag
+    names the pack's bytes (its log checkpoint moves on as the log is signed)."""
+    _state(portal, reader, contract_id)
+    response = evidence_download(portal, reader, contract_id, month)
+    etag = portal.etag("api-evidence", scope_key(reader), contract_id, month,
+                       response.headers["Repr-Digest"])
+    if client_has(request, etag):
+        return not_modified(etag)
+    response.headers.update(conditional_headers(etag))
+    return response
