@@ -50,6 +50,7 @@ from reports.monthly import file_stem, parse_month, safe_name
 from yoco_records.textsafe import safe_text
 
 __all__ = [
+    "STAGES",
     "EvidenceNotReady",
     "EvidencePack",
     "build_evidence_pack",
@@ -253,7 +254,8 @@ Files
 {stem}.html
     The same report (HTML), byte for byte as issued. SHA-256 {doc_fields["html_sha256"]}
 SHA256SUMS
-    The SHA-256 of every other file here (check with: sha256sum -c SHA256SUMS).
+    The SHA-256 of every file here but this README and itself (check with:
+    sha256sum -c SHA256SUMS).
     The report's two digests are the html_sha256 and pdf_sha256 of its ledger entry.
 report-entry.json
     Ledger entry {seq}, the `report` entry, its exact bytes (RFC 8785 canonical JSON,
