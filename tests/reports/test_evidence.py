@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import shlex
+import subprocess
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,10 @@ def test_the_pack_checks_with_the_readme_command_and_a_changed_byte_is_refused(
     for line in (folder / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ", 1)
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+    # The README's other command, as a customer runs it (coreutils).
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0 and check.stdout.count(": OK") == 6, check.stdout
     readme = (folder / "README.txt").read_text()
     assert f"ledger entry {issued.seq}" in readme and "sha256sum -c SHA256SUMS" in readme
 
