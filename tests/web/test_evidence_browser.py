@@ -1,5 +1,5 @@
-"""In Chromium (Debian's, driven by Playwright) against `yoco serve`, at 1,366 × 900 and
-390 × 844: the customer finds the issued month's evidence pack on the reports page (no
+"""In Chromium (Debian's, driven by Playwright) against the portal under uvicorn, at
+1,366 × 900 and 390 × 844: the customer finds the issued month's evidence pack on the reports page (no
 axe-core violation, no sideways scrolling), downloads it, and the real ``yoco-verify``
 accepts it with the command its README gives."""
 
@@ -17,14 +17,7 @@ from yoco_verify.cli import run as yoco_verify
 
 from tests import factories as fx
 from tests.web.conftest import PASSWORD, Seed
-from tests.web.test_e2e_browser import (  # noqa: F401
-    CHROMIUM_ARGS,
-    PAGE_SHOTS,
-    WIDTHS,
-    _check,
-    _chromium,
-    server,
-)
+from tests.web.test_e2e_browser import CHROMIUM_ARGS, PAGE_SHOTS, _check, _chromium
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +51,14 @@ def issued(seeded: tuple[Any, Seed]) -> Any:
 
 
 def test_the_customer_finds_and_downloads_the_evidence_pack(
-    issued: Any, server: Any, tmp_path: Path, capsys: Any,  # noqa: F811
+    issued: Any, app: Any, serve: Any, seed: Seed, tmp_path: Path, capsys: Any,
     monkeypatch: Any,
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    base, seed = server
+    # The portal alone (no scheduler issuing the due months beside the test).
+    host, port = serve(app)
+    base = f"http://{host}:{port}"
     PAGE_SHOTS.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
     packs: dict[str, bytes] = {}
@@ -84,8 +79,8 @@ def test_the_customer_finds_and_downloads_the_evidence_pack(
                 expect(link).to_be_visible()
                 expect(link).to_have_text("Evidence pack (ZIP)")
                 expect(page.locator("#evidence-help")).to_contain_text("yoco-verify")
-                # Only issued months have a pack (`yoco serve` issues the due ones by
-                # itself, so which months are issued depends on the day).
+                # Only issued months have a pack.
+                expect(page.locator("[data-test=evidence-2026-04]")).to_have_count(0)
                 rows = page.locator("table.data").first.locator("tbody tr")
                 for i in range(rows.count()):
                     row = rows.nth(i)
