@@ -35,7 +35,7 @@ currency, rounded half-up to its minor unit.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
@@ -1196,6 +1196,7 @@ def calibration_table(
     year_days: float = _DAYS_PER_YEAR,
     pending_share: float = 0.05,
     bins: int = 10,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Forecast simulated contract years at a random instant and compare with the end.
 
@@ -1207,6 +1208,8 @@ def calibration_table(
     instant.  Returns the reliability table: per bin of forecast probability, the number
     of years, the mean forecast, the observed frequency of missed years and the
     binomial standard error of that frequency; plus totals (sum of forecasts vs misses).
+    ``progress(done, years)`` is called after each simulated year (it does not change
+    the table: the draws are the seed's whatever it does).
     """
     _posint("years", years)
     rng = np.random.default_rng(seed)
@@ -1230,6 +1233,8 @@ def calibration_table(
         )
         forecasts[i] = forecast_year(ytd, threshold_percent, rate_prior, live_prior).p_miss
         outcomes[i] = bool(_missed(np.array([live.sum()]), np.array([n]), threshold_percent)[0])
+        if progress is not None:
+            progress(i + 1, years)
     edges = np.linspace(0, 1, bins + 1)
     idx = np.clip(np.digitize(forecasts, edges[1:-1]), 0, bins - 1)
     rows = []

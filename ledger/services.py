@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger import proofs, tree
-from ledger.checkpoints import covering
+from ledger.checkpoints import at_size, covering
 from ledger.errors import LedgerError, UnknownEntry
 from ledger.models import Checkpoint, JournalEntry
 from ledger.witnessing import cosigned_note
@@ -22,11 +22,15 @@ def _event_uuid(event_id: str) -> uuid.UUID:
         raise UnknownEntry(f"{event_id!r} is not an event id (a UUID)") from None
 
 
-def inclusion_bundle(session: Session, event_id: str) -> dict[str, Any]:
-    """A self-contained inclusion proof of entry ``event_id`` against the latest signed head.
+def inclusion_bundle(
+    session: Session, event_id: str, tree_size: int | None = None
+) -> dict[str, Any]:
+    """A self-contained inclusion proof of entry ``event_id`` against the latest signed
+    head, or against the signed head of ``tree_size`` (an evidence pack proves its entry
+    against the checkpoint of the log archive beside it).
 
     Raises :class:`UnknownEntry` when there is no such entry, and
-    :class:`~ledger.errors.LedgerError` when no signed head covers it yet.
+    :class:`~ledger.errors.LedgerError` when no signed head (of that size) covers it.
     """
     row = session.execute(
         select(JournalEntry.log_id, JournalEntry.seq, JournalEntry.canonical).where(
@@ -36,7 +40,15 @@ def inclusion_bundle(session: Session, event_id: str) -> dict[str, Any]:
     if row is None:
         raise UnknownEntry(f"no ledger entry has event id {event_id}")
     log_id, seq, canonical = row
-    cp = covering(session, log_id, seq)
+    if tree_size is not None:
+        cp = at_size(session, log_id, tree_size)
+        if cp is None or cp.tree_size <= seq:
+            raise LedgerError(
+                f"entry {event_id} (log {log_id!r}, seq {seq}) is not under a signed "
+                f"checkpoint of size {tree_size}"
+            )
+    else:
+        cp = covering(session, log_id, seq)
     if cp is None:
         raise LedgerError(
             f"entry {event_id} (log {log_id!r}, seq {seq}) is not covered by a signed "

@@ -342,6 +342,78 @@ def issue(
     _problems(problems)
 
 
+def evidence(
+    contract: Annotated[str, typer.Option("--contract", help="The contract's id.")],
+    month: Annotated[
+        str, typer.Option(help="The issued month, YYYY-MM (in the contract's time zone).")
+    ],
+    out_file: Annotated[
+        Path, typer.Option("--out", help="The ZIP file to write (never overwritten).")
+    ],
+) -> None:
+    """Write the evidence pack of an issued month: one ZIP file a customer checks alone.
+
+    It holds the issued report (HTML and PDF, the stored bytes), their digests, the
+    report's ledger entry and its inclusion proof, the signed checkpoint the report was
+    issued over (with its cosignatures), the contract's whole log up to a checkpoint
+    holding that entry, and a README with the yoco-verify command that checks it all.
+    Only an issued month has a pack.  An existing --out file is never overwritten.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ledger.errors import UnknownContract
+    from reports import monthly as rm
+    from reports.errors import BadMonth, NotIssued
+    from reports.evidence import STAGES, build_evidence_pack
+    from yoco.database import unit_of_work
+
+    try:
+        rm.parse_month(month)
+    except BadMonth as exc:
+        fail(f"--month: {exc}")
+    if out_file.exists() or out_file.is_symlink():
+        fail(f"--out: {out_file} exists: nothing was written (choose another path, or "
+             "remove it first)")
+    words = {"report": "reading the issued report", "proof": "proving its ledger entry",
+             "log": "exporting the log", "pack": "packing"}
+    with application() as ctx, Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("evidence pack", total=len(STAGES))
+
+        def step(stage: str) -> None:
+            bar.update(task, completed=STAGES.index(stage), description=words[stage])
+
+        try:
+            with unit_of_work(ctx.engine) as s:
+                pack = build_evidence_pack(s, contract, month, progress=step)
+        except UnknownContract as exc:
+            fail(f"--contract: {exc}")
+        except NotIssued as exc:
+            fail(f"--month: {exc}")
+        bar.update(task, completed=len(STAGES))
+    try:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_file.with_name(f".{out_file.name}.{os.getpid()}.part")
+        tmp.write_bytes(pack.data)
+        try:
+            os.link(tmp, out_file)  # fails, rather than overwrite, if it appeared since
+        finally:
+            tmp.unlink()
+    except FileExistsError:
+        fail(f"--out: {out_file} exists: nothing was written (choose another path, or "
+             "remove it first)")
+    except OSError as exc:
+        fail(f"--out: cannot write {out_file}: {exc.strerror or exc}")
+    out.print(shown(
+        f"evidence pack of {contract} {pack.month} written to {out_file} "
+        f"({len(pack.data):,} bytes): the issued report over checkpoint "
+        f"{pack.issued_checkpoint}, its ledger entry {pack.report_seq} and proof, and the "
+        f"log up to checkpoint {pack.log_tree_size}; see README.txt inside for the "
+        "yoco-verify command that checks it"), highlight=False, soft_wrap=True)
+
+
 def _stem(contract_id: str, period: str) -> str:
     """The file name (without extension) of an issued report or statement."""
     from reports import monthly as rm
@@ -361,4 +433,5 @@ def register(app: typer.Typer) -> None:
     )
     reports_app.command("monthly")(monthly)
     reports_app.command("issue")(issue)
+    reports_app.command("evidence")(evidence)
     app.add_typer(reports_app, name="reports")

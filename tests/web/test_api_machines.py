@@ -68,13 +68,17 @@ def _api_gets(app: Any) -> list[str]:
 
 
 def _issue_march(ctx: Any, *cids: str) -> None:
-    """Issue March 2026 of ``cids`` (the report routes serve only issued documents)."""
+    """Issue March 2026 of ``cids`` (the report routes serve only issued documents), then
+    sign the log as issuing does (the evidence pack needs its entry under a checkpoint)."""
+    from ledger.checkpoints import sign_log
     from reports.issued import issue_month
     from yoco.database import unit_of_work
 
     for cid in cids:
         with unit_of_work(ctx.engine) as s:
             issue_month(s, cid, 2026, 3)
+        with unit_of_work(ctx.engine) as s:
+            sign_log(s, ctx.signer, cid, ctx.settings.log_origin)
 
 
 def _target(path: str, cid: str, seed: Any) -> tuple[str, dict[str, Any]]:

@@ -177,6 +177,8 @@ NOT_PAGES = {
     "/finance/export.{fmt}", "/api/openapi.json", "/static",
     "/contracts/{contract_id}/failures.csv",  # a download (tests/web/test_failures_csv.py)
     "/contracts/{contract_id}/log.tar.gz",
+    # a download (tests/web/test_evidence_pack.py; its page: test_evidence_browser.py)
+    "/contracts/{contract_id}/reports/{month}/evidence.zip",
     "/metrics",  # OpenMetrics text for Prometheus (tests/web/test_metrics.py)
 }
 

@@ -29,7 +29,7 @@ from web.pagecache import scope_key
 from web.portal import Portal
 from web.render import attachment
 from web.replay import declare
-from web.routers.reports import download_name, issued_headers
+from web.routers.reports import download_name, evidence_download, issued_headers
 from web.schemas import CONDITIONAL, IssuedReportOut
 
 router = APIRouter(prefix="/api/v1", tags=["reports"], responses=CONDITIONAL)
@@ -63,6 +63,8 @@ def issued_out(doc: ri.IssuedReport) -> IssuedReportOut:
         html=f"{base}/reports/{doc.period}.html",
         pdf=f"{base}/reports/{doc.period}.pdf",
         proof=f"{base}/entries/{doc.event_id}/proof",
+        evidence=f"{base}/reports/{doc.period}/evidence.zip" if doc.document == MONTHLY
+        else None,
     )
 
 
@@ -146,3 +148,33 @@ def _get_report(
         name = download_name(contract_id, month, "pdf", draft=False)
         headers.update(attachment(name))
     return Response(body, media_type=MEDIA[fmt], headers=headers)
+
+
+@router.get(
+    "/contracts/{contract_id}/reports/{month}/evidence.zip",
+    response_class=Response,
+    responses={200: {"content": {"application/zip": {}},
+                     "description": "The evidence pack: README.txt says how to check it."},
+               404: {"description": "No such contract for you, or the month is not issued."},
+               409: {"description": "No signed checkpoint holds the report's entry yet."}},
+)
+def get_evidence(
+    request: Request,
+    contract_id: str,
+    month: Annotated[str, Path(description="YYYY-MM: an issued month")],
+    reader: ReaderDep,
+    portal: PortalDep,
+) -> Response:
+    """An issued month's evidence pack (ZIP): the report's exact bytes, their digests, its
+    ``report`` entry and inclusion proof, the checkpoint it was issued over (with its
+    cosignatures), the contract's log archive up to a checkpoint holding the entry (what
+    ``yoco-verify`` reads), and a README giving the ``yoco-verify`` command.  The tag
+    names the pack's bytes (its log checkpoint moves on as the log is signed)."""
+    _state(portal, reader, contract_id)
+    response = evidence_download(portal, reader, contract_id, month)
+    etag = portal.etag("api-evidence", scope_key(reader), contract_id, month,
+                       response.headers["Repr-Digest"])
+    if client_has(request, etag):
+        return not_modified(etag)
+    response.headers.update(conditional_headers(etag))
+    return response

@@ -6,6 +6,8 @@ bytes (their SHA-256 is the ``report`` ledger entry's); a month not issued yet i
 to its draft (``?draft=1``), which is rendered over the latest signed checkpoint and
 says on every page that it is a draft and not the issued report.  ``year-K`` in place
 of the month serves contract year K's issued year-end statement (no drafts of those).
+``/contracts/{id}/reports/{YYYY-MM}/evidence.zip`` is an issued month's evidence pack
+(:mod:`reports.evidence`; the API serves the same, :func:`evidence_download`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from ledger.checkpoints import latest
 from ledger.models import Checkpoint
 from reports import issued as ri
 from reports.documents import document_of
-from reports.models import STATEMENT
+from reports.errors import NotIssued
+from reports.evidence import EvidenceNotReady, build_evidence_pack
+from reports.models import MONTHLY, STATEMENT
 from reports.monthly import PreparedReport, finish_report
 from web import services
 from web.accounts import Principal
 from web.deps import PageDb, PortalDep, UserDep
-from web.errors import NotFound
+from web.errors import Conflict, NotFound
+from web.portal import Portal
 from web.render import attachment, page
 
 router = APIRouter(include_in_schema=False)
@@ -209,3 +214,41 @@ def report_pdf(
     return Response(report.pdf, media_type="application/pdf", headers={
         **attachment(name), **_draft_headers(report),
     })
+
+
+def evidence_download(
+    portal: Portal, principal: Principal, contract_id: str, month: str
+) -> Response:
+    """The evidence pack of ``contract_id``'s issued ``month`` as a ZIP download, for the
+    portal and the API alike: 404 for a contract the caller may not see (as a missing
+    one), a period that is no month, or a month not issued (saying so); 409 while no
+    signed checkpoint holds the report's entry yet."""
+    if document_of(month) != MONTHLY:
+        raise NotFound()
+    with portal.db.read(principal, snapshot=True) as db:
+        services.contract_for(db, principal, contract_id)
+        try:
+            pack = build_evidence_pack(db, contract_id, month)
+        except NotIssued:
+            raise NotFound(
+                f"The report of {month} has not been issued (yet): only an issued month "
+                "has an evidence pack. A month is issued after it ends."
+            ) from None
+        except EvidenceNotReady as exc:
+            raise Conflict(str(exc)) from None
+    return Response(pack.data, media_type="application/zip", headers={
+        **attachment(pack.file_name),
+        "Repr-Digest": repr_digest(pack.data),
+        "X-Yoco-Evidence": (f"issued-checkpoint={pack.issued_checkpoint}; "
+                            f"entry={pack.report_seq}; log-checkpoint={pack.log_tree_size}"),
+    })
+
+
+@router.get("/contracts/{contract_id}/reports/{month}/evidence.zip")
+def report_evidence(
+    contract_id: str, month: str, user: UserDep, portal: PortalDep
+) -> Response:
+    """The issued month's evidence pack (ZIP): the report as issued, its digests, its
+    ledger entry and proof, the checkpoint it was issued over, the log archive and a
+    README saying how to check it with yoco-verify."""
+    return evidence_download(portal, user, contract_id, month)
