@@ -20,9 +20,9 @@ recovery seconds.  Labels are ``contract``, ``year`` and (recoveries only) ``out
 one series per open contract year (or per contract) per metric.
 
 A scrape reads two small aggregates (log sizes and checkpoint times); the year figures
-come from the view cache (recomputed only when the log grew or the TTL passed), and
-the recovery aggregates and each year's block of samples from the page cache, keyed by
-the log sizes.
+come from the year views of the portal's one cache (``web.cache``: recomputed only when
+the log grew or the TTL passed), and the recovery aggregates and each year's block of
+samples from its pages region, keyed by the log sizes.
 """
 
 from __future__ import annotations
