@@ -259,6 +259,49 @@ def test_one_tenants_kept_answer_never_reaches_another(clients, cache_app, seede
     assert all(k[1][0] != "Bravo Labs" for k in cache.pages.kept() if k[0] != "api-body")
 
 
+def test_path_variants_and_headers_are_answered_as_their_handler_would(
+    clients, cache_app, seeded, seed
+) -> None:
+    """Kept answers are keyed by the raw target and ``If-None-Match`` (besides the
+    scope): a spelling of the same path gets the same figures, a header that is not in
+    the key changes nothing in the answer, and each is what the handler itself sends."""
+    cache = cache_app.state.portal.cache
+    api = clients()
+    acme = _bearer(_read_token(seeded, "Acme AI"))
+    plain = api.get(C + "/sla", headers=acme)
+    encoded = "/api/v1/contracts/C%2DA/sla"  # the same contract, spelt otherwise
+    first = api.get(encoded, headers=acme)
+    assert first.status_code == 200 and first.json() == plain.json()
+    assert first.headers["etag"] == plain.headers["etag"]  # the tag names the answer
+    hits = cache.replays.hits
+    assert api.get(encoded, headers=acme).content == first.content
+    assert cache.replays.hits == hits + 1
+    assert api.get(encoded, headers=_bearer(seed.read_token_b)).status_code == 404
+    # The order of the query is not part of the answer, nor of its tag.
+    a = api.get(C + "/failures?per_page=2&status=resolved", headers=acme)
+    b = api.get(C + "/failures?status=resolved&per_page=2", headers=acme)
+    assert a.headers["etag"] == b.headers["etag"]
+    assert a.json()["items"] == b.json()["items"]
+    # If-None-Match: the tag (strong or weak) gets a 304, any other tag the answer.
+    tag = plain.headers["etag"]
+    for inm in (tag, "W/" + tag, f'"other", {tag}'):
+        assert api.get(C + "/sla", headers={**acme, "If-None-Match": inm}).status_code == 304
+    other = api.get(C + "/sla", headers={**acme, "If-None-Match": '"other"'})
+    assert other.status_code == 200 and other.content == plain.content
+    # Headers outside the key: the kept answer is byte for byte the handler's own.
+    odd = {**acme, "Host": "elsewhere.example", "Accept": "text/html",
+           "Accept-Encoding": "gzip"}
+    url = C + "/failures?per_page=2"
+    api.get(url, headers=acme)
+    hits = cache.replays.hits
+    replayed = api.get(url, headers=odd)
+    assert cache.replays.hits == hits + 1
+    cache.clear()
+    handlers = api.get(url, headers=odd)
+    assert (replayed.status_code, replayed.headers.raw, replayed.content) == (
+        handlers.status_code, handlers.headers.raw, handlers.content)
+
+
 # --------------------------------------------------------------------------- the store
 
 
