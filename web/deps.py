@@ -64,20 +64,22 @@ def known_principal(
         if not value:
             return UNKNOWN
         key = _token_key(value)
-        hit = portal.tokens.entry(key)
+        tokens = portal.cache.tokens
+        hit = tokens.entry(key)
         if hit is None:
             return UNKNOWN
-        if portal.tokens.aging(hit[0]):  # checked again before it runs out
-            portal.recheck(portal.tokens, key, hit[0], lambda: _lookup_token(portal, value))
+        if tokens.aging(hit[0]):  # checked again before it runs out
+            portal.recheck(tokens, key, hit[0], lambda: _lookup_token(portal, value))
         return hit[1]
     token = portal.signer.session_token(session_cookie, portal.settings.session_hours * 3600)
     if not token:
         return None
-    seen = portal.sessions.entry(token)
+    sessions = portal.cache.sessions
+    seen = sessions.entry(token)
     if seen is None:
         return UNKNOWN
-    if portal.sessions.aging(seen[0]):
-        portal.recheck(portal.sessions, token, seen[0], lambda: _lookup_session(portal, token))
+    if sessions.aging(seen[0]):
+        portal.recheck(sessions, token, seen[0], lambda: _lookup_session(portal, token))
     return seen[1]
 
 
@@ -133,17 +135,17 @@ def caller(request: Request, portal: Portal) -> Principal | None:
             found = _lookup_token(portal, value)
             if found is not None:
                 # Only the async readers (caller_async) look here; writers always ask.
-                portal.tokens.put(_token_key(value), found)
+                portal.cache.tokens.put(_token_key(value), found)
     else:
         token = portal.signer.session_token(
             request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
         )
         if token:
-            found = portal.sessions.get(token)
+            found = portal.cache.sessions.get(token)
             if found is None:
                 found = _lookup_session(portal, token)
                 if found is not None:
-                    portal.sessions.put(token, found)
+                    portal.cache.sessions.put(token, found)
     request.state.principal = found
     return found
 

@@ -10,14 +10,12 @@ then keeps the complete response (status, every header, body) under
 
     (scope, raw path, raw query, If-None-Match) -> (log state, instant, response)
 
-**The replay cache's invalidation rule** (docs/portal.md): a kept
-answer is never invalidated by an event; it is *checked* on every use and used only
-while all three of what it was made of are unchanged -- the caller's tenant scope (part
-of the key), the figures instant (``YOCO_WEB_FIGURES_TTL_SECONDS``) and the contract
-log's state, read afresh for that request by the visibility probe
-(:class:`web.replay.AsyncProbe`, which runs as the caller's scope: a contract it may not
-see has no state). A new entry, a new signed checkpoint, a new instant or another tenant
-therefore never meets a kept answer; space is bounded by bytes
+The kept answers are the ``replays`` region of the portal's one cache, under its one
+rule (:mod:`web.cache`): an answer names the tenant scope (part of the key), the contract
+log's state and the figures instant it was made from, and is replayed only when the
+state read afresh for this request by the visibility probe
+(:class:`web.replay.AsyncProbe`, run as the caller's scope: a contract it may not see has
+no state) and the instant are those; space is bounded by bytes
 (``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).
 
 Who may be answered from it is decided by the API's one authentication path: the
@@ -85,7 +83,7 @@ async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
             return None
         who_scope = scope_settings(who)
     target = (scope.get("raw_path") or path.encode(), scope["query_string"])
-    kept = portal.replays.get((who_scope, *target, _header(scope, b"if-none-match")))
+    kept = portal.cache.replays.get((who_scope, *target, _header(scope, b"if-none-match")))
     if kept is None:
         return None
     if kept.at is not None and kept.at != portal.figures_now():
@@ -101,14 +99,14 @@ async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
             return None
         if state is None or state != kept.state:
             return None
-    portal.replays.hits += 1
+    portal.cache.replays.hits += 1
     return kept
 
 
 def _warn_once(portal: Portal, path: str) -> None:
     now = time.monotonic()
-    if now - portal.replays.warned_at > 60:  # once a minute, not once per request
-        portal.replays.warned_at = now
+    if now - portal.cache.replay_warned_at > 60:  # once a minute, not once per request
+        portal.cache.replay_warned_at = now
         log.warning("replay: answering %s the usual way", path, exc_info=True)
 
 
@@ -186,7 +184,7 @@ class FastLane:
         if any(k.lower() == b"set-cookie" for k, _ in start.get("headers", [])):
             return
         if holder.set and complete and status in (200, 304) and holder.scope is not None:
-            portal.replays.put(
+            portal.cache.replays.put(
                 (holder.scope, *target, inm),
                 Kept(holder.state, holder.at, int(status),
                      list(start.get("headers", [])), b"".join(parts)),

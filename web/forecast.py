@@ -12,7 +12,7 @@ from typing import Any
 
 from billing.forecast import YearForecast, build_forecast, previous_years
 from web.accounts import Principal
-from web.pagecache import view_stamp
+from web.cache import view_stamp
 from web.views import YearView
 
 __all__ = ["view_forecast"]
@@ -40,5 +40,5 @@ def view_forecast(portal: Any, user: Principal, view: YearView) -> YearForecast 
             jobs=jobs,
         )
 
-    result: YearForecast = portal.views.memo(("forecast", *view_stamp(view)), compute)
+    result: YearForecast = portal.cache.views.memo(("forecast", *view_stamp(view)), compute)
     return result

@@ -13,7 +13,6 @@ into ingest) comes in as a :class:`Host`; ``yoco.app.App`` is one
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -27,13 +26,12 @@ from fastapi.templating import Jinja2Templates
 from ledger.errors import InvariantBroken
 from web import filters
 from web.accounts import Principal
+from web.cache import PortalCache, PrincipalCache
 from web.cursors import CursorCodec
 from web.db import PortalDb, app_engine, portal_engine, probe_connection, probe_engine
-from web.pagecache import PageCache
-from web.replay import AsyncProbe, ReplayCache
+from web.replay import AsyncProbe
 from web.security import CookieSigner, password_hasher
 from web.settings import WebSettings, resolve_secret
-from web.views import ViewCache
 
 if TYPE_CHECKING:
     from ledger.note import Signer
@@ -102,71 +100,6 @@ class Host(Protocol):
         ...
 
 
-class SessionCache:
-    """Live sessions seen in the last few seconds (saves a query per request).
-
-    Logging out removes the entry at once in this process; a session ended elsewhere
-    (another process, a disabled user) stops working within ``ttl`` seconds.  An entry's
-    time is when the database last said the session (or token) was live: a recheck in
-    the background (:meth:`Portal.recheck`) renews it, and ends it when it is not.
-    """
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self._entries: dict[str, tuple[float, Principal]] = {}
-
-    def get(self, token: str) -> Principal | None:
-        """The cached principal of a session token, if seen less than ``ttl`` ago."""
-        hit = self.entry(token)
-        return None if hit is None else hit[1]
-
-    def entry(self, token: str) -> tuple[float, Principal] | None:
-        """(when it was last checked, principal) of a live entry, else None."""
-        hit = self._entries.get(token)
-        if hit is None or time.monotonic() - hit[0] > self.ttl:
-            return None
-        return hit
-
-    def aging(self, checked: float) -> bool:
-        """Whether an entry checked at ``checked`` is past half its ``ttl`` (time to
-        check it again, before requests would have to wait for it)."""
-        return time.monotonic() - checked > self.ttl / 2
-
-    def renew(self, token: str, checked: float, who: Principal | None) -> None:
-        """Replace the entry checked at ``checked`` by the result of a new check
-        (``who``; None: no longer live, forget it) — unless it changed meanwhile (a
-        logout dropped it), when nothing is put back."""
-        hit = self._entries.get(token)
-        if hit is None or hit[0] != checked:
-            return
-        if who is None:
-            self._entries.pop(token, None)
-        else:
-            self.put(token, who)
-
-    def put(self, token: str, who: Principal) -> None:
-        """Remember a live session."""
-        if self.ttl <= 0:
-            return
-        if len(self._entries) > 10_000:
-            self._entries.clear()
-        self._entries[token] = (time.monotonic(), who)
-
-    def drop(self, token: str) -> None:
-        """Forget a session (logout)."""
-        self._entries.pop(token, None)
-
-
-class _Bounded(dict[tuple[object, ...], datetime]):
-    """A dict that forgets everything when it grows past 4,096 keys (a memo of small
-    values whose keys carry log sizes: old keys are never asked for again)."""
-
-    def __setitem__(self, key: tuple[object, ...], value: datetime) -> None:
-        if len(self) >= 4096 and key not in self:
-            self.clear()
-        super().__setitem__(key, value)
-
-
 class Portal:
     """Everything a request handler needs, created lazily and shared by all requests."""
 
@@ -181,37 +114,22 @@ class Portal:
         self.host = host
         self.settings = settings
         self.hasher = hasher or password_hasher()
-        self.views = ViewCache(settings.figures_ttl_seconds)
-        self.pages = PageCache(settings.page_cache_entries)
-        #: The API's answers whose figures are computed in the request (``/sla``),
-        #: by contract, period, log size and instant: computed once each.
-        self.figures = PageCache(settings.figures_cache_entries)
-        #: The latest instant each ``/sla`` answer (by contract, period and log size) was
-        #: computed at, and the keys being computed in the background (see
-        #: ``web.routers.api_contracts._previous_sla``).
-        self.sla_instants: dict[tuple[object, ...], datetime] = _Bounded()
-        self.refreshing: set[tuple[object, ...]] = set()
-        self.refreshing_lock = threading.Lock()
-        self.sessions = SessionCache(settings.session_cache_seconds)
-        #: Bearer tokens seen live lately, by SHA-256 (reads only: ingest always asks the
-        #: database, so a revoked token stops posting at once; reading within the TTL).
-        self.tokens = SessionCache(settings.session_cache_seconds)
+        #: Everything kept between requests, in one place under one rule (``web.cache``).
+        self.cache = PortalCache(settings)
         self._rechecking: set[str] = set()
         self._recheck_lock = threading.Lock()
-        #: Complete API answers their handlers declared replayable (``web.fastlane``).
-        self.replays = ReplayCache(settings.replay_cache_bytes)
         #: The visibility probe in the event loop, for the fast lane.
         self.probes = AsyncProbe(self._probe_connection, settings.probe_connections)
         self._lock = threading.Lock()
         self._clock = clock
 
     def recheck(
-        self, cache: SessionCache, key: str, checked: float,
+        self, cache: PrincipalCache, key: str, checked: float,
         lookup: Callable[[], Principal | None],
     ) -> None:
         """Ask the database again, in the background, whether the entry ``key`` of
         ``cache`` (checked at ``checked``) is live (``lookup``), and renew or end it
-        (:meth:`SessionCache.renew`).  Once per key at a time; a failed check leaves the
+        (:meth:`web.cache.PrincipalCache.renew`).  Once per key at a time; a failed check leaves the
         entry to expire at its TTL."""
         with self._recheck_lock:
             if key in self._rechecking:

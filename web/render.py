@@ -81,7 +81,7 @@ def page(
 def fragment(request: Request, name: str, context: dict[str, Any]) -> Markup:
     """Template ``name`` rendered alone (no page around it, nothing about the caller).
 
-    What :class:`web.pagecache.PageCache` keeps: such a fragment must depend only on
+    What the pages region of :mod:`web.cache` keeps: such a fragment must depend only on
     what its cache key names, never on who is logged in.
     """
     html = get_portal(request).templates.get_template(name).render(context)

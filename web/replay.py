@@ -1,6 +1,7 @@
 """What the fast lane (:mod:`web.fastlane`) keeps and how it checks it: the handlers'
-declarations (:func:`declare`), the kept answers (:class:`ReplayCache`) and the
-visibility probe in the event loop (:class:`AsyncProbe`, shared by concurrent requests).
+declarations (:func:`declare`), the kept answer (:class:`Kept`, in the ``replays`` region
+of the portal's one cache, :mod:`web.cache`) and the visibility probe in the event loop
+(:class:`AsyncProbe`, shared by concurrent requests).
 
 Kept apart from the middleware so that the portal's context (:mod:`web.portal`) and the
 routers can use them without importing the request dependencies.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -83,52 +83,6 @@ class Kept:
 
     def __post_init__(self) -> None:
         self.size = len(self.body) + sum(len(k) + len(v) for k, v in self.headers) + 64
-
-
-class ReplayCache:
-    """Kept answers by (scope, raw path, raw query, If-None-Match), least recently used
-    first out when their bytes pass ``max_bytes`` (thread-safe: test clients run several
-    event loops on one app)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[Any, ...], Kept] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        #: When the replay last logged answering the usual way (monotonic seconds).
-        self.warned_at = -1e9
-
-    def get(self, key: tuple[Any, ...]) -> Kept | None:
-        """The answer kept under ``key``, or None."""
-        with self._lock:
-            kept = self._entries.get(key)
-            if kept is not None:
-                self._entries.move_to_end(key)
-            return kept
-
-    def put(self, key: tuple[Any, ...], kept: Kept) -> None:
-        """Keep ``kept`` under ``key`` (replacing what was there)."""
-        if kept.size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.size
-            self._entries[key] = kept
-            self._bytes += kept.size
-            while self._bytes > self.max_bytes:
-                _, out = self._entries.popitem(last=False)
-                self._bytes -= out.size
-
-    def clear(self) -> None:
-        """Forget every kept answer."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 _Key = tuple[str, str, str | None]

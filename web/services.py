@@ -39,10 +39,10 @@ from ledger.models import (
 from ledger.records import ContractSpec
 from web import billing_bridge
 from web.accounts import Principal
+from web.cache import ViewCache
 from web.errors import Conflict, Invalid, NotFound
 from web.views import (
     Row,
-    ViewCache,
     YearView,
     compute_year_view,
     log_size,
@@ -215,7 +215,7 @@ def year_view_for(
         size = portal.db.visible_size(principal, contract_id)
         if size is None:
             raise NotFound()
-    cache: ViewCache = portal.views
+    cache: ViewCache = portal.cache.views
     view = cached_year_view(cache, contract_id, year, now, size, not_before)
     if view is not None:
         return view

@@ -36,20 +36,19 @@ class WebSettings(BaseSettings):
     #: Seconds a contract year's figures are reused (they are also recomputed as soon
     #: as the contract's log grows).
     figures_ttl_seconds: float = 60.0
-    #: Rendered dashboard / failures-list bodies and API answers kept per process
-    #: (keyed by tenant scope, contract, year, log size and query; 0 disables the cache).
+    #: The bounds of the regions of the portal's one cache (``web.cache``, whose rule
+    #: says what is kept and when it stops being served); 0 turns a region off.
+    #: Rendered dashboard / failures-list bodies and API bodies kept per process.
     page_cache_entries: int = Field(default=1024, ge=0)
-    #: ``/api/v1/contracts/{id}/sla`` answers kept per process (keyed by contract,
-    #: period, log size and the figures instant; each computed once; 0 disables).
+    #: ``/api/v1/contracts/{id}/sla`` answers kept per process (each computed once).
     figures_cache_entries: int = Field(default=512, ge=0)
-    #: Bytes of complete API answers kept per process for the fast lane
-    #: (``web.fastlane``: replayed while the caller's scope, the log state and the
-    #: figures instant are unchanged; 0 disables it).
+    #: Bytes of complete API answers kept per process for the fast lane's replay.
     replay_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: Connections per process of the fast lane's visibility probe (in the event loop).
     probe_connections: int = Field(default=2, ge=1)
-    #: Seconds a live session is trusted without asking the database again (logging out
-    #: in this process ends it at once; 0 asks every time).
+    #: Seconds a live session or read token is trusted without asking the database
+    #: again: the bound within which a revocation reaches every process (``web.cache``;
+    #: logging out or revoking in this process ends it at once; 0 asks every time).
     session_cache_seconds: float = 10.0
     #: Largest ``POST /api/v1/records`` batch, in records and in bytes.
     max_batch_records: int = 10_000

@@ -1,18 +1,13 @@
 """Contract-year views: the figures, the monthly series and the failure rows of one year.
 
 One load of the year's records gives everything the dashboard, the failures list and
-the operator overview show.  Views are cached per (contract, year) and reused while
-the contract's log has not grown and they are younger than a TTL (running jobs make
-allocated GPU-hours grow with time); while one thread recomputes a stale view, others
-get the previous one instead of queueing behind it.
+the operator overview show.  They are kept in the portal's one cache (``web.cache``:
+:class:`web.cache.ViewCache`, under its rule).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -236,7 +231,7 @@ def _build_view(
     )
 
 
-def _settle() -> None:
+def settle() -> None:
     """After a year view was made: collect the young garbage (cheap: the two younger
     generations), then move every object still alive out of the cyclic collector's
     reach (:func:`gc.freeze`).
@@ -253,131 +248,6 @@ def _settle() -> None:
 
     gc.collect(1)
     gc.freeze()
-
-
-class ViewCache:
-    """Year views by (contract, year), fresh while the log is unchanged and under the TTL."""
-
-    def __init__(self, ttl_seconds: float, max_entries: int = 256) -> None:
-        self.ttl = ttl_seconds
-        self.max_entries = max_entries
-        self._views: dict[tuple[str, int], tuple[float, YearView]] = {}
-        self._locks: dict[tuple[str, int], threading.Lock] = defaultdict(threading.Lock)
-        self._guard = threading.Lock()
-        self._memo: dict[tuple[Any, ...], Any] = {}
-
-    def get(
-        self,
-        key: tuple[str, int],
-        size: int,
-        compute: Callable[[], YearView],
-        refresh: Callable[[YearView], YearView] | None = None,
-        not_before: datetime | None = None,
-    ) -> YearView:
-        """The cached view of ``key`` if fresh, else one computed now (once, not per caller).
-
-        When only the TTL has run out (the log has not grown) and ``refresh`` is given,
-        the cached view is returned at once and ``refresh(view)`` recomputes it in a
-        background thread: no request waits for figures that merely aged.
-        ``not_before``: a view computed at an earlier time has aged too (the API's
-        figures instant moved on).
-        """
-        cached = self._views.get(key)
-        if cached and self._fresh(cached, size, not_before):
-            return cached[1]
-        with self._guard:
-            lock = self._locks[key]
-        if (
-            refresh is not None
-            and self.ttl > 0
-            and cached is not None
-            and cached[1].log_size == size
-            and cached[1].records is not None
-        ):
-            if lock.acquire(blocking=False):
-                threading.Thread(
-                    target=self._refresh, args=(key, cached[1], refresh, lock),
-                    name="yoco-view-refresh", daemon=True,
-                ).start()
-            return cached[1]
-        if cached is not None and not lock.acquire(blocking=False):
-            return cached[1]  # someone is recomputing: the previous view meanwhile
-        if cached is None:
-            lock.acquire()
-        try:
-            again = self._views.get(key)
-            if again and self._fresh(again, size, not_before):
-                return again[1]
-            view = compute()
-            if len(self._views) >= self.max_entries:
-                oldest = min(self._views, key=lambda k: self._views[k][0])
-                self._views.pop(oldest, None)
-            self._views[key] = (time.monotonic(), view)
-            _settle()
-            return view
-        finally:
-            lock.release()
-
-    def _refresh(
-        self,
-        key: tuple[str, int],
-        old: YearView,
-        refresh: Callable[[YearView], YearView],
-        lock: threading.Lock,
-    ) -> None:
-        try:
-            view = refresh(old)
-            current = self._views.get(key)
-            if current is None or current[1].log_size <= view.log_size:
-                self._views[key] = (time.monotonic(), view)
-                _settle()
-        except Exception:  # the next request recomputes synchronously
-            import logging
-
-            logging.getLogger("yoco.web").exception("refreshing the view of %s failed", key)
-        finally:
-            lock.release()
-
-    def peek(
-        self, key: tuple[str, int], size: int, not_before: datetime | None = None
-    ) -> YearView | None:
-        """The cached view of ``key`` if it is fresh for a log of ``size`` (and computed
-        at ``not_before`` or later, when given), else None."""
-        cached = self._views.get(key)
-        if cached is not None and self._fresh(cached, size, not_before):
-            return cached[1]
-        return None
-
-    def peek_memo(self, key: tuple[Any, ...]) -> Any:
-        """The memoised value of ``key``, or None."""
-        return self._memo.get(key)
-
-    def memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
-        """A value that never changes for ``key`` (keys carry the log size), computed once."""
-        try:
-            return self._memo[key]
-        except KeyError:
-            pass
-        value = compute()
-        if len(self._memo) >= 4 * self.max_entries:
-            self._memo.clear()
-        self._memo[key] = value
-        return value
-
-    def _fresh(
-        self, entry: tuple[float, YearView], size: int, not_before: datetime | None = None
-    ) -> bool:
-        at, view = entry
-        return (
-            view.log_size == size
-            and time.monotonic() - at < self.ttl
-            and (not_before is None or view.now >= not_before)
-        )
-
-    def clear(self) -> None:
-        """Forget every view."""
-        self._views.clear()
-        self._memo.clear()
 
 
 def year_verdict(view: YearView) -> Verdict:

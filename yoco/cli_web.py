@@ -30,7 +30,7 @@ def serve(
         int,
         typer.Option(min=1, max=64,
                      help="Worker processes (uvicorn workers; about one per CPU core). Each "
-                     "keeps its own figures and page caches; sessions and rate limits are "
+                     "keeps its own cache (figures, pages, answers); sessions and rate limits are "
                      "in the database."),
     ] = 1,
     close_due_every: Annotated[

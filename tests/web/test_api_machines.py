@@ -158,10 +158,7 @@ def test_a_304_computes_no_figures(api_app, client_of, seed, monkeypatch) -> Non
         monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
     # Cold: nothing cached in this worker (as in a fresh one).
     portal = api_app.state.portal
-    portal.pages.clear()
-    portal.views.clear()
-    portal.figures.clear()
-    portal.replays.clear()  # the fast lane's kept answers too
+    portal.cache.clear()  # every region: views, pages, figures, the fast lane's answers
     for u, tag in tags.items():
         r = alice.get(u, headers={"If-None-Match": tag})
         assert r.status_code == 304, (u, r.status_code)
@@ -281,7 +278,7 @@ def test_sla_is_computed_once_per_log_size(api_app, client_of, seed, monkeypatch
     assert olga.get("/api/v1/contracts/C-A/sla", params={"year": 1}).status_code == 200
     assert len(calls) == 2
     # Bounded: the cache keeps at most its configured number of answers.
-    assert len(api_app.state.portal.figures) <= api_app.state.portal.figures.max_entries
+    assert len(api_app.state.portal.cache.figures) <= api_app.state.portal.cache.figures.limit
 
 
 def test_every_input_of_the_figures_renews_the_cached_sla(

@@ -99,16 +99,16 @@ def test_a_repeated_get_is_replayed_byte_for_byte(api, lane_app, seeded, seed) -
     for url in urls:
         first = api.get(url, headers=h)
         assert first.status_code == 200, (url, first.text)
-        before = portal.replays.hits
+        before = portal.cache.replays.hits
         again = api.get(url, headers=h)
-        assert portal.replays.hits == before + 1, url  # answered by the fast lane
+        assert portal.cache.replays.hits == before + 1, url  # answered by the fast lane
         assert _same(first, again), url
         # The conditional form: the handler's 304, then the same 304 replayed.
         cond = {**h, "If-None-Match": first.headers["etag"]}
         not_modified = api.get(url, headers=cond)
         assert not_modified.status_code == 304 and not_modified.content == b"", url
         replayed = api.get(url, headers=cond)
-        assert portal.replays.hits == before + 2, url
+        assert portal.cache.replays.hits == before + 2, url
         assert _same(not_modified, replayed), url
     # The tenant data answers keep their caching rules; the security headers are there.
     r = api.get(urls[2], headers=h)
@@ -120,9 +120,9 @@ def test_a_session_cookie_reader_is_replayed_under_its_tenant(api, lane_app, see
     portal = lane_app.state.portal
     assert login(api, seed.users["a"]).status_code == 303
     first = api.get("/api/v1/contracts/C-A/failures")
-    before = portal.replays.hits
+    before = portal.cache.replays.hits
     assert _same(first, api.get("/api/v1/contracts/C-A/failures"))
-    assert portal.replays.hits == before + 1
+    assert portal.cache.replays.hits == before + 1
 
 
 def test_a_new_entry_or_checkpoint_is_never_answered_from_the_older_state(
@@ -149,20 +149,20 @@ def test_a_new_entry_or_checkpoint_is_never_answered_from_the_older_state(
     assert not errs
     with unit_of_work(ctx.engine) as s:
         ingest(s, records, None, ctx.projectors)
-    before = portal.replays.hits
+    before = portal.cache.replays.hits
     fails = api.get(c + "/failures", headers=h)
     assert fails.json()["total"] == old[c + "/failures"].json()["total"] + 1
     assert fails.json()["items"][0]["event_id"] == new["event_id"]
     for u in (c + "/sla", c, "/api/v1/contracts"):
         assert api.get(u, headers=h).headers["etag"] != old[u].headers["etag"], u
-    assert portal.replays.hits == before  # none of them from the kept answers
+    assert portal.cache.replays.hits == before  # none of them from the kept answers
     # Signing adds no entry but a tree head: the proofs and the checkpoints move on.
     with unit_of_work(ctx.engine) as s:
         sign_all(s, ctx.signer, ctx.settings.log_origin)
     for u in (c + f"/entries/{fid}/proof", c + "/checkpoints"):
         r = api.get(u, headers=h)
         assert r.status_code == 200 and r.content != old[u].content, u
-    assert portal.replays.hits == before
+    assert portal.cache.replays.hits == before
 
 
 def test_kept_answers_never_reach_another_tenant_or_a_caller_who_may_not_read(
@@ -174,8 +174,8 @@ def test_kept_answers_never_reach_another_tenant_or_a_caller_who_may_not_read(
     for u in urls:  # twice: kept, then replayed
         api.get(u, headers=mine)
         api.get(u, headers=mine)
-    assert portal.replays.hits >= len(urls)
-    before = portal.replays.hits
+    assert portal.cache.replays.hits >= len(urls)
+    before = portal.cache.replays.hits
     bravo = _bearer(seed.read_token_b)
     for u in urls:
         if u in ("/api/v1/public-key",):
@@ -189,13 +189,13 @@ def test_kept_answers_never_reach_another_tenant_or_a_caller_who_may_not_read(
         assert api.get(u, headers=_bearer(seed.token)).status_code == 403, u
         assert api.get(u, headers=_bearer("yoco_00000000_" + "x" * 43)).status_code == 401, u
         assert api.get(u).status_code == 401, u
-    assert portal.replays.hits == before
+    assert portal.cache.replays.hits == before
     # Staff read under their own scope: answered by the handler, then kept for staff.
     with TestClient(lane_app) as staff:
         assert login(staff, seed.users["op"]).status_code == 303
         r = staff.get("/api/v1/contracts")
         assert {c["contract_id"] for c in r.json()} == {"C-A", "C-A2", "C-B"}
-    assert portal.replays.hits == before
+    assert portal.cache.replays.hits == before
 
 
 def test_a_revoked_token_reads_kept_answers_only_while_it_is_remembered(
@@ -215,7 +215,7 @@ def test_a_revoked_token_reads_kept_answers_only_while_it_is_remembered(
     assert api.get(url, headers=_bearer(token)).status_code == 200
     # ...and once it is no longer remembered (what the TTL's end does), never again,
     # though its answer is still kept.
-    lane_app.state.portal.tokens.drop(_token_key(token))
+    lane_app.state.portal.cache.tokens.drop(_token_key(token))
     assert api.get(url, headers=_bearer(token)).status_code == 401
 
 
@@ -226,9 +226,9 @@ def test_a_new_figures_instant_goes_to_the_handler(api, lane_app, seeded, clock)
     first = api.get(url, headers=h)
     api.get(url, headers=h)
     clock.now = NOW + timedelta(seconds=60)
-    before = portal.replays.hits
+    before = portal.cache.replays.hits
     api.get(url, headers=h)
-    assert portal.replays.hits == before
+    assert portal.cache.replays.hits == before
     # The view of the new instant is computed in the background meanwhile; once the
     # handler answers from it, that answer is kept in turn.
     for _ in range(600):
@@ -238,7 +238,7 @@ def test_a_new_figures_instant_goes_to_the_handler(api, lane_app, seeded, clock)
         time.sleep(0.05)
     assert r.status_code == 200 and r.headers["etag"] != first.headers["etag"]
     again = api.get(url, headers=h)
-    assert portal.replays.hits == before + 1 and _same(r, again)
+    assert portal.cache.replays.hits == before + 1 and _same(r, again)
 
 
 def test_the_replay_comes_after_the_normal_authentication(api, lane_app, seeded) -> None:
@@ -251,11 +251,11 @@ def test_the_replay_comes_after_the_normal_authentication(api, lane_app, seeded)
     url = "/api/v1/contracts/C-A/sla?year=1"
     first = api.get(url, headers=_bearer(token))
     assert first.status_code == 200
-    portal.tokens.drop(_token_key(token))  # forgotten: only the database knows it now
-    before = portal.replays.hits
+    portal.cache.tokens.drop(_token_key(token))  # forgotten: only the database knows it now
+    before = portal.cache.replays.hits
     again = api.get(url, headers=_bearer(token))
-    assert portal.replays.hits == before + 1 and _same(first, again)
-    assert portal.tokens.entry(_token_key(token)) is not None  # looked up, remembered
+    assert portal.cache.replays.hits == before + 1 and _same(first, again)
+    assert portal.cache.tokens.entry(_token_key(token)) is not None  # looked up, remembered
 
 
 def test_no_fast_lane_outside_the_servers_event_loop(lane_app, seeded) -> None:
@@ -265,7 +265,7 @@ def test_no_fast_lane_outside_the_servers_event_loop(lane_app, seeded) -> None:
     c = TestClient(lane_app)
     for _ in range(3):
         assert c.get("/api/v1/contracts/C-A/sla", headers=h).status_code == 200
-    assert lane_app.state.portal.replays.hits == 0
+    assert lane_app.state.portal.cache.replays.hits == 0
     assert lane_app.state.portal.probes.round_trips == 0
 
 
@@ -348,9 +348,10 @@ def test_the_probe_connection_is_the_portal_role_and_refuses_a_superuser(
 
 
 def test_the_replay_cache_is_bounded_by_bytes() -> None:
-    from web.replay import Kept, ReplayCache
+    from web.cache import Cache
+    from web.replay import Kept
 
-    cache = ReplayCache(max_bytes=10_000)
+    cache = Cache(10_000, weigh=lambda kept: kept.size)
     for i in range(10):
         cache.put(("k", i), Kept(None, None, 200, [(b"x", b"y")], b"z" * 3000))
     assert len(cache) == 3 and cache.get(("k", 9)) is not None and cache.get(("k", 0)) is None
@@ -382,28 +383,28 @@ def test_an_aging_token_is_rechecked_in_the_background(api, lane_app, seeded) ->
     assert api.get(url, headers=_bearer(token)).status_code == 200
 
     def age() -> float:
-        hit = portal.tokens.entry(key)
+        hit = portal.cache.tokens.entry(key)
         assert hit is not None
-        aged = hit[0] - portal.tokens.ttl * 0.75  # as if checked 7.5 s ago
-        portal.tokens._entries[key] = (aged, hit[1])
+        aged = hit[0] - portal.cache.tokens.ttl * 0.75  # as if checked 7.5 s ago
+        portal.cache.tokens.put(key, hit[1], checked=aged)
         return aged
 
     aged = age()
     assert api.get(url, headers=_bearer(token)).status_code == 200
-    _wait_until(lambda: (portal.tokens.entry(key) or (aged,))[0] > aged)  # renewed
+    _wait_until(lambda: (portal.cache.tokens.entry(key) or (aged,))[0] > aged)  # renewed
     aged = age()
     with unit_of_work(ctx.engine) as s:
         assert revoke_token(s, token_prefix(token) or "")
     assert api.get(url, headers=_bearer(token)).status_code == 200  # within the TTL...
-    _wait_until(lambda: portal.tokens.entry(key) is None)  # ...ended by the recheck
+    _wait_until(lambda: portal.cache.tokens.entry(key) is None)  # ...ended by the recheck
     assert api.get(url, headers=_bearer(token)).status_code == 401
 
 
 def test_a_recheck_never_brings_back_a_session_logged_out_meanwhile() -> None:
     from web.accounts import Principal
-    from web.portal import SessionCache
+    from web.cache import PrincipalCache
 
-    cache = SessionCache(10)
+    cache = PrincipalCache(10)
     who = Principal(kind="user", id=1, name="A", role="customer", customer="Acme AI")
     cache.put("t", who)
     hit = cache.entry("t")
@@ -438,6 +439,6 @@ def test_an_answer_that_sets_a_cookie_is_never_replayed(api, lane_app, seeded, s
     monkeypatch.setattr(Response, "init_headers", with_cookie)
     first = api.get(url, headers=h)
     assert first.status_code == 200 and first.headers["set-cookie"].startswith("probe=1")
-    before = portal.replays.hits
+    before = portal.cache.replays.hits
     again = api.get(url, headers=h)
-    assert again.status_code == 200 and portal.replays.hits == before
+    assert again.status_code == 200 and portal.cache.replays.hits == before

@@ -183,9 +183,9 @@ def test_a_scrape_reuses_the_cached_figures(scraper: tuple[Any, TestClient, str]
     _, client, token = scraper
     first = scrape(client, token)
     portal = client.app.state.portal  # type: ignore[attr-defined]
-    hits = portal.pages.hits
+    hits = portal.cache.pages.hits
     assert scrape(client, token) == first
-    assert portal.pages.hits >= hits + 4  # recoveries + one block per contract year
+    assert portal.cache.pages.hits >= hits + 4  # recoveries + one block per contract year
 
 
 def test_who_may_scrape(seeded: tuple[Any, Seed]) -> None:

@@ -62,7 +62,7 @@ def test_a_new_record_invalidates_cached_pages_and_api_answers(client_of, cached
     api = alice.get("/api/v1/contracts/C-A/failures").json()
     assert api["total"] == 6
     year = alice.get("/api/v1/contracts/C-A/years/1").json()
-    pages = cached_app.state.portal.pages
+    pages = cached_app.state.portal.cache.pages
     assert pages.hits >= 1 and len(pages) >= 4
 
     new = fx.rec("failure", "C-A", fx.T0 + timedelta(days=130), job_id="j1",
@@ -102,7 +102,7 @@ def test_cached_pages_never_cross_tenants_or_callers(client_of, cached_app, seed
     assert 'value="' in staff.text
     csrf = lambda html: html.split('name="csrf_token" value="')[1].split('"')[0]  # noqa: E731
     assert csrf(staff.text) != csrf(mine.text)
-    scopes = {key[1] for key in cached_app.state.portal.pages._entries}
+    scopes = {key[1] for key in cached_app.state.portal.cache.pages.kept()}
     assert ("Acme AI", "") in scopes and ("", "all") in scopes
     assert not any(s[0] == "Bravo Labs" for s in scopes)
 
@@ -118,7 +118,7 @@ def _view(size: int, tag: str) -> SimpleNamespace:
 
 
 def test_view_cache_refreshes_aged_views_in_the_background() -> None:
-    from web.views import ViewCache
+    from web.cache import ViewCache
 
     cache = ViewCache(ttl_seconds=0.05)
     v1 = cache.get(("C", 1), 10, lambda: _view(10, "v1"))

@@ -108,7 +108,7 @@ def revoke_token(prefix: str, admin: AdminDep, portal: PortalDep, _csrf: CsrfDep
             raise NotFound()
     # refused at once by this process (others stop reading with it within their cache's
     # TTL, as for a token revoked from the command line)
-    portal.tokens.drop(secret_hash.hex())
+    portal.cache.tokens.drop(secret_hash.hex())
     return RedirectResponse(f"/account/tokens?revoked={prefix}", status_code=303)
 
 

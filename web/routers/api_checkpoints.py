@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from ledger.witnessing import cosigned_notes
 from web import services
 from web.accounts import Principal
+from web.cache import scope_key
 from web.conditional import (
     client_has,
     conditional_headers,
@@ -23,7 +24,6 @@ from web.conditional import (
 from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.pagecache import scope_key
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
 from web.replay import declare
@@ -107,7 +107,7 @@ def _list_checkpoints(
 
     # Kept under its tag: once a newer head is signed or a cosignature stored, every
     # probe sees it, so the tag (and the key) differ and this body is not served again.
-    body, nxt = portal.pages.get_or_make(("api-body", etag), render)
+    body, nxt = portal.cache.pages.get_or_make(("api-body", etag), render)
     return json_answer(request, etag, body, link_headers(request, nxt))
 
 
@@ -148,7 +148,7 @@ def _get_consistency(
             bundle = services.consistency(db, reader, contract_id, size1, size2)
         return bytes(JSONResponse(jsonable_encoder(bundle)).body)
 
-    return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
 
 
 @router.get(

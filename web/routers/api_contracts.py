@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -14,11 +14,11 @@ from starlette.concurrency import run_in_threadpool
 from billing.services import current_year, sla_figures
 from web import billing_bridge, services
 from web.accounts import Principal
+from web.cache import scope_key, view_stamp
 from web.conditional import client_has, json_answer, normalised_query, not_modified
 from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.pagecache import scope_key, view_stamp
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
 from web.replay import declare
@@ -109,7 +109,7 @@ def _list_contracts(
         if client_has(request, etag):
             return not_modified(etag, links)
         # The tag names everything the body is made of: the body is kept under it.
-        body = portal.pages.get_or_make(("api-body", etag), lambda: _json(
+        body = portal.cache.pages.get_or_make(("api-body", etag), lambda: _json(
             [_contract_out(services.contract_for(db, reader, cid), at) for cid, _ in rows]))
     return json_answer(request, etag, body, links)
 
@@ -136,7 +136,7 @@ def _get_contract(
         with portal.db.read(reader) as db:
             return _json(_contract_out(services.contract_for(db, reader, contract_id), at))
 
-    return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
 
 
 @router.get("/contracts/{contract_id}/sla", response_model=SlaOut, responses=CONDITIONAL)
@@ -191,7 +191,7 @@ def _get_sla(
 
     base = ("sla", contract_id, year, ym, state.size)
     key = (*base, at)
-    if portal.figures.peek(key) is None:
+    if portal.cache.figures.get(key) is None:
         stale = _previous_sla(portal, base, at, compute)
         if stale is not None:
             # The log has not grown; only the instant moved on: the answer of the
@@ -200,21 +200,28 @@ def _get_sla(
             etag = portal.etag("sla", scope_key(reader), contract_id, year, month,
                                state.size, prev_at)
             return json_answer(request, etag, body)
-    size, body = portal.figures.get_or_make(key, compute)
+    size, body = portal.cache.figures.get_or_make(key, compute)
     if size != state.size:  # the log grew meanwhile: not what the key says
-        portal.figures.forget(key)
+        portal.cache.figures.forget(key)
         etag = tag(size)
     else:
-        portal.sla_instants[base] = max(at, portal.sla_instants.get(base, at))
+        _computed_at(portal, base, at)
         declare(request, reader, state, at)  # the figures of this size and instant
     return json_answer(request, etag, body)
+
+
+def _computed_at(portal: Portal, base: tuple[Any, ...], at: datetime) -> None:
+    """Note that the ``/sla`` answer of ``base`` (contract, period, log size) is kept for
+    instant ``at`` (the latest such instant is what :func:`_previous_sla` serves)."""
+    latest = portal.cache.instants.get(base)
+    portal.cache.instants.put(base, at if latest is None else max(at, latest))
 
 
 def _previous_sla(
     portal: Portal,
     base: tuple[Any, ...],
     at: datetime,
-    compute: Any,
+    compute: Callable[[], tuple[int, bytes]],
 ) -> tuple[datetime, bytes] | None:
     """For a log that has not grown since: the answer of the latest earlier instant, if
     still cached, after starting (once) the computation of ``at``'s in the background.
@@ -226,34 +233,19 @@ def _previous_sla(
     """
     if portal.settings.figures_ttl_seconds <= 0:
         return None
-    prev_at = portal.sla_instants.get(base)
+    prev_at = portal.cache.instants.get(base)
     if prev_at is None or prev_at >= at:
         return None
-    cached = portal.figures.peek((*base, prev_at))
+    cached = portal.cache.figures.get((*base, prev_at))
     if cached is None:
         return None
-    key = (*base, at)
-    with portal.refreshing_lock:
-        start = key not in portal.refreshing and not portal.figures.making(key)
-        if start:
-            portal.refreshing.add(key)
-    if start:
-        def refresh() -> None:
-            try:
-                size, _ = portal.figures.get_or_make(key, compute)
-                if size == base[-1]:
-                    portal.sla_instants[base] = max(at, portal.sla_instants.get(base, at))
-                else:
-                    portal.figures.forget(key)
-            except Exception:  # the next request computes it in the request
-                import logging
 
-                logging.getLogger("yoco.web").exception("refreshing %s failed", key)
-            finally:
-                with portal.refreshing_lock:
-                    portal.refreshing.discard(key)
+    def fresh() -> tuple[int, bytes] | None:
+        made = compute()
+        return made if made[0] == base[-1] else None  # the log grew: not this key's
 
-        threading.Thread(target=refresh, name="yoco-sla-refresh", daemon=True).start()
+    portal.cache.figures.make_later((*base, at), fresh,
+                                    then=lambda _: _computed_at(portal, base, at))
     return prev_at, cached[1]
 
 
@@ -299,7 +291,7 @@ def _get_year(
         return bytes(JSONResponse(out.model_dump(mode="json")).body)
 
     key = ("api-year", scope_key(reader), *view_stamp(view))
-    body = portal.pages.get_or_make(key, render)
+    body = portal.cache.pages.get_or_make(key, render)
     if view.log_size == state.size and view.now == at:  # not a view kept from before
         declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body)
@@ -362,5 +354,5 @@ def _get_credits(
         return _json(rows), nxt
 
     # Credits are entries of the contract's log: the tag (its size) names the body.
-    body, nxt = portal.pages.get_or_make(("api-body", etag), render)
+    body, nxt = portal.cache.pages.get_or_make(("api-body", etag), render)
     return json_answer(request, etag, body, link_headers(request, nxt))

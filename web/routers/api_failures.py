@@ -11,11 +11,11 @@ from starlette.concurrency import run_in_threadpool
 
 from web import services
 from web.accounts import Principal
+from web.cache import scope_key, view_stamp
 from web.conditional import client_has, json_answer, normalised_query, not_modified
 from web.cursors import BadCursor
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.pagecache import scope_key, view_stamp
 from web.paging import PAGED_HEADERS, CursorQ, link_headers, next_url
 from web.portal import Portal
 from web.replay import declare
@@ -131,7 +131,7 @@ def _list_failures(
         return bytes(JSONResponse(out.model_dump(mode="json")).body), nxt
 
     key = ("api-failures", scope_key(reader), *view_stamp(view), query)
-    body, nxt = portal.pages.get_or_make(key, render)
+    body, nxt = portal.cache.pages.get_or_make(key, render)
     if view.log_size == state.size and view.now == at:  # not a view kept from before
         declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body, link_headers(request, nxt))
@@ -165,16 +165,16 @@ def _get_failure(
         with portal.db.read(reader, snapshot=True) as db:
             size = log_size(db, contract_id)
             d = services.failure_detail(
-                db, reader, portal.views, contract_id, event_id, portal.figures_now()
+                db, reader, portal.cache.views, contract_id, event_id, portal.figures_now()
             )
             out = _detail_out(d)
         return size, bytes(JSONResponse(out.model_dump(mode="json")).body)
 
     # Kept under its tag (the scope, the failure and the log size name the body).
     key = ("api-body", etag)
-    size, body = portal.pages.get_or_make(key, render)
+    size, body = portal.cache.pages.get_or_make(key, render)
     if size != state.size:  # the log grew meanwhile: not what the tag says
-        portal.pages.forget(key)
+        portal.cache.pages.forget(key)
         etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, size)
     else:
         declare(request, reader, state, None)
@@ -252,9 +252,9 @@ def _get_proof(
         return signed, bytes(JSONResponse(bundle).body)
 
     key = ("api-body", etag)
-    signed, body = portal.pages.get_or_make(key, render)
+    signed, body = portal.cache.pages.get_or_make(key, render)
     if signed != state.signed:  # signed meanwhile: not what the tag says
-        portal.pages.forget(key)
+        portal.cache.pages.forget(key)
         etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id,
                            (signed, state.cosigned))
     else:

@@ -21,11 +21,11 @@ from reports.documents import document_of
 from reports.models import MONTHLY, STATEMENT
 from web import services
 from web.accounts import Principal
+from web.cache import scope_key
 from web.conditional import client_has, conditional_headers, json_answer, not_modified
 from web.db import LogState
 from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
-from web.pagecache import scope_key
 from web.portal import Portal
 from web.render import attachment
 from web.replay import declare
@@ -92,7 +92,7 @@ def _list_reports(
             docs = ri.list_issued(db, contract_id, None)
         return bytes(JSONResponse(jsonable_encoder([issued_out(d) for d in docs])).body)
 
-    return json_answer(request, etag, portal.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
 
 
 @router.get(

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from ledger.errors import LedgerError
 from web import services
 from web.accounts import Principal
+from web.cache import scope_key
 from web.conditional import client_has, conditional_headers, not_modified
 from web.deps import PageDb, PortalDep, ReaderDep, UserDep
 from web.errors import Invalid, NotFound
-from web.pagecache import scope_key
 from web.render import attachment
 from web.schemas import ERRORS
 

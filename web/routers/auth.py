@@ -101,7 +101,7 @@ def logout(request: Request, portal: PortalDep, _csrf: CsrfDep) -> Response:
         request.cookies.get(SESSION_COOKIE), portal.settings.session_hours * 3600
     )
     if token:
-        portal.sessions.drop(token)
+        portal.cache.sessions.drop(token)
         with portal.db.write() as db:
             close_session(db, token)
     response = RedirectResponse("/login", status_code=303)

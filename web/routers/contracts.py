@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from billing.money import format_money
 from web import services
 from web.accounts import Principal
+from web.cache import scope_key, view_stamp
 from web.deps import PageDb, PortalDep, UserDep, caller
 from web.forecast import view_forecast
-from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
 from web.render import fragment, page
 from web.views import elapsed_share, projected_margin, year_verdict
@@ -44,7 +44,7 @@ def contract_list(request: Request, user: UserDep, db: PageDb, portal: PortalDep
     now = portal.now()
     items = []
     for c in rows:
-        view = services.year_view(db, user, portal.views, c.contract_id, None, now)
+        view = services.year_view(db, user, portal.cache.views, c.contract_id, None, now)
         at_risk, _margin = projected_margin(view)
         items.append(
             {"contract": c, "view": view, "verdict": year_verdict(view), "at_risk": at_risk}
@@ -100,7 +100,7 @@ def _dashboard(
             },
         )
 
-    body = portal.pages.get_or_make(("dashboard", scope_key(user), *view_stamp(view)), render)
+    body = portal.cache.pages.get_or_make(("dashboard", scope_key(user), *view_stamp(view)), render)
     return _dashboard_page(request, view, body)
 
 

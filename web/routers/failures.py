@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from billing.incidents import INCIDENT_GAP
 from web import billing_bridge, services
 from web.accounts import Principal
+from web.cache import scope_key, view_stamp
 from web.deps import CsrfDep, PageDb, PortalDep, UserDep
 from web.errors import Forbidden, Invalid
-from web.pagecache import scope_key, view_stamp
 from web.portal import Portal
 from web.render import attachment, fragment, page
 
@@ -96,7 +96,7 @@ def _failure_list(
         )
 
     key = ("failures", scope_key(user), *view_stamp(view), filters, page_no, per_page)
-    body = portal.pages.get_or_make(key, render)
+    body = portal.cache.pages.get_or_make(key, render)
     return _failures_page(request, view, body)
 
 
@@ -143,7 +143,7 @@ def failure_page(
 ) -> Response:
     """One failure: status, lost GPU-hours, its timeline, proofs and the dispute form."""
     now = portal.now()
-    detail = services.failure_detail(db, user, portal.views, contract_id, event_id, now)
+    detail = services.failure_detail(db, user, portal.cache.views, contract_id, event_id, now)
     return page(
         request,
         "failure.html",
@@ -219,7 +219,7 @@ def open_dispute(
         raise Forbidden("Only the contract's customer opens disputes.")
     with portal.db.read(user) as db:
         detail = services.failure_detail(
-            db, user, portal.views, contract_id, event_id, portal.now()
+            db, user, portal.cache.views, contract_id, event_id, portal.now()
         )
         fid = str(detail.failure.event_id)
     if not reason.strip():

@@ -20,9 +20,9 @@ recovery seconds.  Labels are ``contract``, ``year`` and (recoveries only) ``out
 one series per open contract year (or per contract) per metric.
 
 A scrape reads two small aggregates (log sizes and checkpoint times); the year figures
-come from the view cache (recomputed only when the log grew or the TTL passed), and
-the recovery aggregates and each year's block of samples from the page cache, keyed by
-the log sizes.
+come from the year views of the portal's one cache (``web.cache``: recomputed only when
+the log grew or the TTL passed), and the recovery aggregates and each year's block of
+samples from its pages region, keyed by the log sizes.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ from billing.services import current_year
 from ledger.models import Checkpoint, LedgerLog
 from web import billing_bridge, services
 from web.accounts import Principal
+from web.cache import view_stamp
 from web.deps import PortalDep, caller_async
 from web.errors import NotFound
-from web.pagecache import view_stamp
 from web.portal import Portal
 from web.views import YearView
 
@@ -180,7 +180,7 @@ class _Snapshot(Collector):
                 ).all()
             )
             stamp = tuple((c, sizes.get(c, 0)) for c in contracts)
-            recoveries: dict[str, _Recoveries] = portal.pages.get_or_make(
+            recoveries: dict[str, _Recoveries] = portal.cache.pages.get_or_make(
                 ("metrics-recoveries", self.scope.key, stamp), lambda: _recoveries(db)
             )
             closes = {c: billing_bridge.year_closes(db, c) for c in contracts}
@@ -197,7 +197,7 @@ def _open_years(
     now: datetime
 ) -> list[YearView]:
     """The views of the contract's years that have begun (or the first) and are not closed."""
-    spec = services.contract_for(db, reader, contract_id, portal.views)
+    spec = services.contract_for(db, reader, contract_id, portal.cache.views)
     last = current_year(spec, now)
     out = []
     for k in range(1, last + 1):
@@ -295,7 +295,7 @@ def _year_metrics(portal: Portal, views: list[YearView]) -> Iterable[Metric]:
         labels=["contract", "year", "currency"],
     )
     for view in views:
-        samples: tuple[tuple[str, float], ...] = portal.pages.get_or_make(
+        samples: tuple[tuple[str, float], ...] = portal.cache.pages.get_or_make(
             ("metrics-year", *view_stamp(view)), lambda v=view: year_samples(v)  # type: ignore[misc]
         )
         labels = [view.contract.contract_id, str(view.year)]

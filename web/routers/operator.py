@@ -24,7 +24,7 @@ def overview(request: Request, user: OperatorDep, db: PageDb, portal: PortalDep)
     now = portal.now()
     items: list[dict[str, Any]] = []
     for c in services.visible_contracts(db, user):
-        view = services.year_view(db, user, portal.views, c.contract_id, None, now)
+        view = services.year_view(db, user, portal.cache.views, c.contract_id, None, now)
         at_risk, margin = projected_margin(view)
         items.append(
             {
@@ -167,7 +167,7 @@ def confirm_close(
     from billing.money import credit_minor_units, format_money
 
     now = portal.now()
-    view = services.year_view(db, user, portal.views, contract_id, year, now)
+    view = services.year_view(db, user, portal.cache.views, contract_id, year, now)
     if view.end > now:
         raise Invalid(f"Contract year {year} of {contract_id} has not ended yet.")
     v = year_verdict(view)

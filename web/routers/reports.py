@@ -85,7 +85,7 @@ def report_list(
 ) -> Response:
     """The months of a contract year: each issued report with its checkpoint, ledger
     entry, proof and digests; months not issued yet with a draft."""
-    view = services.year_view(db, user, portal.views, contract_id, year, portal.now())
+    view = services.year_view(db, user, portal.cache.views, contract_id, year, portal.now())
     issued = {d.period: d for d in ri.list_issued(db, contract_id)}
     statements = ri.list_issued(db, contract_id, STATEMENT)
     witness, draft_witness = _witness_statuses(
