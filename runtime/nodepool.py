@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import protocol as P
+from runtime.coordinator import frozen_look_due, host_frozen, quiet_hosts
 from runtime.detection import partition_verdict
 from runtime.errors import ConfigError
 from runtime.processes import process_exiting, process_stopped, stopped_deadline
@@ -208,6 +209,13 @@ class NodePool:
         """True when some live node has a free place."""
         return self._place() is not None
 
+    def room(self) -> int:
+        """How many more processes fit on the live nodes (each :meth:`spawn` takes one
+        place: the first live node with a free one)."""
+        return sum(max(node.nproc - sum(1 for p in self.procs.values()
+                                        if p.node is node and p.returncode is None), 0)
+                   for node in self.nodes if node.lost is None and not node.lent)
+
     def _place(self) -> Node | None:
         for node in self.nodes:
             if node.lost is None and not node.lent and sum(
@@ -361,8 +369,8 @@ class NodePool:
             beat = int(raw)
             if beat != node.beat:
                 node.beat, node.beat_seen = beat, now
-        self._quiet = {n.name for n in live
-                       if now - n.beat_seen >= QUIET_BEATS * P.NODE_BEAT_INTERVAL_S}
+        self._quiet = quiet_hosts({n.name: now - n.beat_seen for n in live},
+                                  quiet_s=QUIET_BEATS * P.NODE_BEAT_INTERVAL_S)
         for node in live:
             if self._frozen(node, now):  # /proc shows it stopped: frozen, not cut off
                 self._lose(node, "hang", f"node {node.name} silent for "
@@ -390,7 +398,8 @@ class NodePool:
         and its agent and every live process of it were found stopped on every look for
         at least half that deadline: frozen, not slow (see the module docstring)."""
         silent = now - node.beat_seen
-        if not self.stopped_factor or not node.reachable or silent < 2 * P.NODE_BEAT_INTERVAL_S:
+        if not self.stopped_factor or not node.reachable \
+                or not frozen_look_due(silent, P.NODE_BEAT_INTERVAL_S):
             node.stopped_since = None
             return False
         pids = [node.pid] + [p.pid for p in self.procs.values()
@@ -401,7 +410,8 @@ class NodePool:
         if node.stopped_since is None:
             node.stopped_since = now
         deadline = stopped_deadline(self.step_seconds(), self.stopped_factor)
-        return silent >= deadline and now - node.stopped_since >= deadline / 2
+        return host_frozen(silent_s=silent, stopped_since=node.stopped_since, now=now,
+                           deadline_s=deadline)
 
     def _join(self, node: Node) -> None:
         key = P.node_info_key(node.rank)

@@ -11,7 +11,7 @@ Layout of an outbox directory:
   leaves the queue, so that one such record never stalls the records behind it.
   ``yoco outbox list`` shows them and ``yoco outbox resend`` delivers them again;
 * ``drafts.json`` — failures already acted on whose record is not written yet (the
-  supervisor's merge window, runtime.supervisor.MERGE_WINDOW_S): each the failure record
+  supervisor's merge window, runtime.coordinator.MERGE_WINDOW_S): each the failure record
   it would write now, replaced atomically and fsync'd at every change, so that a
   supervisor dying inside the window loses none of them (``--resume`` records them).
   Drafts are not records: nothing delivers them.

@@ -157,6 +157,10 @@ class WorkerPool:
         """One host: always room for another process."""
         return True
 
+    def room(self) -> int | None:
+        """One host: no limit (None)."""
+        return None
+
     def node_of(self, slot: str) -> str | None:
         """One host: the supervisor's own (None: the caller's default)."""
         return None

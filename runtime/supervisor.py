@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,43 @@ from runtime.control import (
     take_requests,
     write_json_atomically,
     write_status,
+)
+from runtime.coordinator import (
+    EXIT_STATUS_WAIT_S,
+    MERGE_WINDOW_S,
+    Borrow,
+    FailJob,
+    FenceNote,
+    HangPhase,
+    MoveDrop,
+    MoveWait,
+    NeedCheckpoint,
+    NewProcess,
+    RecordDue,
+    RecoveryView,
+    SpareView,
+    StartSpares,
+    blame,
+    blame_due,
+    blame_quiet_s,
+    death_detected_at,
+    death_record_due,
+    describe_death,
+    hang_phase,
+    hang_quiet_s,
+    hang_verdict,
+    joined_note,
+    joins_incident,
+    note_stopped,
+    observe_beats,
+    plan_move,
+    plan_recovery,
+    silent_members,
+    stalled_for,
+    steps_reached,
+    stopped_look_due,
+    stopped_to_fence,
+    too_many_recoveries,
 )
 from runtime.detection import StepTimes
 from runtime.errors import ConfigError, RecordError
@@ -68,7 +104,8 @@ from runtime.telemetry import (
     normalise_cause,
 )
 
-__all__ = ["Incident", "JobResult", "LaunchConfig", "Supervisor", "launch", "process_exiting"]
+__all__ = ["EXIT_STATUS_WAIT_S", "MERGE_WINDOW_S", "Incident", "JobResult", "LaunchConfig",
+           "Supervisor", "launch", "process_exiting"]
 
 log = logging.getLogger("yoco.runtime.supervisor")
 
@@ -185,17 +222,6 @@ class LaunchConfig:
         if self.pool is not None and not self.nodes:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
 
-
-#: Deaths this close to an unplanned failure's detection are the same incident (a node,
-#: a replica group or the whole job going down is seen one process at a time): one
-#: failure record naming every dead worker, one outcome. The record waits for the
-#: window to close; its draft (runtime.outbox.Outbox.write_drafts) is durable at the
-#: first death, before the recovery is planned, so a supervisor dying inside the window
-#: loses nothing: ``--resume`` records the draft (see Supervisor._resume).
-MERGE_WINDOW_S = 1.0
-
-#: How long a death's failure record waits for its exit status (the cause) at most.
-EXIT_STATUS_WAIT_S = 5.0
 
 #: How long spare replenishment waits for a recovery in progress (see _replenish).
 REPLENISH_DEFER_S = 2.0
@@ -768,8 +794,8 @@ class Supervisor:
             return
         # A hang began when progress stopped, not when it was fenced: the stall counts
         # in the recovery time.
-        detected = min([time.monotonic()] + [f.since for s, _ in dead
-                                              if (f := self.fenced.get(s)) and f.since])
+        detected = death_detected_at(time.monotonic(), [f.since for s, _ in dead
+                                                         if (f := self.fenced.get(s))])
         self._handle_progress()  # the step reached, as of now
         # Deaths of one incident (a node, a replica group, the whole job: seen one
         # process at a time) within MERGE_WINDOW_S of its detection join it -- one
@@ -782,8 +808,9 @@ class Supervisor:
         self.first_fault = None
         pending = self.recovery.incidents
         last = pending[-1] if pending else None
-        if last is not None and last.failure_class == FailureClass.UNPLANNED \
-                and detected - last.detected < MERGE_WINDOW_S:
+        # (The window is read at each call: tests shorten or lengthen it.)
+        if last is not None and joins_incident(last.failure_class, last.detected, detected,
+                                               window_s=MERGE_WINDOW_S):
             pending.pop()
             last.slots += slots
             self._journal_deaths()  # the draft names them too, before the plan changes
@@ -794,8 +821,7 @@ class Supervisor:
                        emitted=False, gen=self.gen, occurred_at=wall_date(detected))
         first = next((i for i in pending if i.emitted), None)
         if first is not None:
-            inc.joined = (f"; during the recovery from failure {first.event_id} "
-                          f"({first.cause})")
+            inc.joined = joined_note(first.event_id, first.cause)
         self.unemitted.append(inc)
         # Durable before anything is decided about it: the record itself waits for the
         # merge window, its draft does not (a supervisor dying now loses nothing).
@@ -821,27 +847,11 @@ class Supervisor:
                         ) -> tuple[str, str]:
         """The cause and detail of a death's failure record (an exit status not known
         yet reads as a kill: what the draft says until the record is written)."""
-        fenced = [self.fenced[s] for s in inc.slots if s in self.fenced]
-        if fenced:
-            # Several fenced groups merged into one incident (two hosts lost within
-            # the merge window): the detail names each.
-            cause = fenced[0].cause
-            detail = "; ".join(dict.fromkeys(f.detail for f in fenced))[:500]
-        else:
-            rc = rcs[0][1]
-            if rc is None or rc in (-signal.SIGKILL, -signal.SIGTERM):
-                cause = "process_killed"
-            elif rc < 0:
-                cause = "process_crashed"
-            else:
-                cause = "process_exit"
-            detail = ", ".join(f"{s} exit {'unknown' if rc is None else rc}"
-                               for s, rc in rcs)
-        note = inc.note + inc.joined
-        if note:  # the host borrowed for it, the failure it joined: kept whole
-            detail = detail[:max(500 - len(note), 0)] + note
-            detail = detail[:500]
-        return cause, detail
+        # Several fenced groups merged into one incident (two hosts lost within the
+        # merge window): the detail names each.
+        fences = [FenceNote(cause=f.cause, detail=f.detail)
+                  for s in inc.slots if (f := self.fenced.get(s)) is not None]
+        return describe_death(rcs, fences, inc.note + inc.joined)
 
     def _steps_committed_in(self, gen: int) -> int:
         """The last step generation ``gen`` reported (rank 0's progress), as far as the
@@ -873,23 +883,25 @@ class Supervisor:
         status, as an outcome must follow its failure)."""
         written = False
         for inc in list(self.unemitted):
-            seen_for = time.monotonic() - inc.seen
-            if not block and time.monotonic() - inc.detected < MERGE_WINDOW_S \
-                    and inc in self.recovery.incidents:
+            due = death_record_due(now=time.monotonic(), detected=inc.detected,
+                                   seen=inc.seen, merging=inc in self.recovery.incidents,
+                                   block=block, window_s=MERGE_WINDOW_S,
+                                   status_wait_s=EXIT_STATUS_WAIT_S)
+            if due == RecordDue.HOLD:
                 continue  # a death seen within the window still joins it
-            rcs = self._exit_statuses(inc, wait=block or seen_for > EXIT_STATUS_WAIT_S)
-            if any(rc is None for _, rc in rcs) and not block \
-                    and seen_for <= EXIT_STATUS_WAIT_S:
+            rcs = self._exit_statuses(inc, wait=due == RecordDue.NOW)
+            if due == RecordDue.IF_KNOWN and any(rc is None for _, rc in rcs):
                 continue
             # Steps the failed generation committed just before the death (rank 0
             # commits, then a peer dies in the next step) were maybe not read yet.
             reached = self._steps_committed_in(inc.gen)
             if reached > inc.step:
-                inc.step = reached
-                self.last_step = max(self.last_step, inc.step)
                 rec = self.recovery
-                if rec.outcome == Outcome.ROLLED_BACK and rec.rollback_step is not None:
-                    rec.lost_steps = max(rec.lost_steps, inc.step - rec.rollback_step)
+                got = steps_reached(recorded_step=inc.step, reached=reached,
+                                    outcome=rec.outcome, rollback_step=rec.rollback_step,
+                                    lost_steps=rec.lost_steps)
+                inc.step, rec.lost_steps = got.step, got.lost_steps
+                self.last_step = max(self.last_step, inc.step)
             cause, detail = self._describe_death(inc, rcs)
             self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
                                  detail, inc.detected, inc.event_id, inc.occurred_at)
@@ -907,122 +919,89 @@ class Supervisor:
         return None
 
     def _recover(self, inc: Incident, dead: list[str]) -> None:
+        """Plan and publish the next generation after ``dead`` died (``inc`` joins the
+        recovery): the decision is :func:`runtime.coordinator.plan_recovery`'s; this
+        gathers what it is decided from and does what it asks (start spares, borrow a
+        host, look up the checkpoint, start the plan's new processes)."""
         rec = self.recovery
         rec.incidents.append(inc)
-        if len(self.recoveries) + len(rec.incidents) > self.cfg.max_recoveries:
+        if too_many_recoveries(len(self.recoveries), len(rec.incidents),
+                               self.cfg.max_recoveries):
             self._fail("too many recoveries")
             return
         survivors = [m for m in self.members if m not in dead and self._alive(m)]
-        holders = [m for m in survivors if m in self.holders]
         transparent = self.store.get(P.KEY_TRANSPARENT).decode() \
             if self.store.check([P.KEY_TRANSPARENT]) else None
-        # Transparent mode: a rollback's survivors holding state cannot rerun their step.
-        absorbed = 1 if transparent is not None and holders else 0
-        if transparent is not None and transparent.startswith("rollback"):
-            holders = []  # transparent mode, state not discoverable: rollback only
-        if self.cfg.shards > 1:
-            self._recover_sharded(rec, dead, holders)
-            return
-        # A spare still importing torch is still better than a rollback: the new group
-        # simply forms when it arrives, and no step is lost.
-        ready = self._ready_spares()
-        ready += [s for s in self.spares if self._alive(s) and s not in ready]
-        if holders and self.cfg.spares and self.cfg.replenish_spares:
-            # A death during a recovery (the spare just called in, or another member)
-            # finds the spares already used: start replacements now (forked from the
-            # zygote: ~0.1 s) rather than roll back while a replica holds the state.
-            while len(ready) < len(dead) and self.pool.has_room():
-                extra = self._spawn()
-                log.warning("no spare left for %s: started %s", ", ".join(dead), extra)
-                self.spares.append(extra)
-                ready.append(extra)
-        if holders and len(ready) < len(dead) and self.loans is not None:
-            # No spare of its own: a host of a lower-priority job (runtime.borrowing).
-            ready += self.loans.borrow(len(dead) - len(ready), inc)
-        if holders and len(ready) >= len(dead):
-            replace = dict(zip(dead, ready, strict=False))
-            members = [replace.get(m, m) for m in self.members]
-            for s in replace.values():
-                self.spares.remove(s)
-            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
-            if rec.outcome != Outcome.ROLLED_BACK:
-                rec.outcome = Outcome.LIVE_MIGRATED
-        else:
-            ck = self._latest_ckpt()
-            if ck is None:
-                self._fail("no live replica or spare, and no checkpoint to roll back to")
+        spares = []
+        for s in self.spares:
+            alive = self._alive(s)
+            spares.append(SpareView(slot=s, alive=alive, shard=self.shard_of.get(s, 0),
+                                    ready=alive and self.store.check([P.waiting_key(s)])))
+        view = RecoveryView(
+            members=tuple(self.members), dead=tuple(dead),
+            survivors=tuple(survivors),
+            holders=tuple(m for m in survivors if m in self.holders),
+            spares=tuple(spares), last_step=self.last_step, shards=self.cfg.shards,
+            shard_of=dict(self.shard_of),
+            replace_spares=bool(self.cfg.spares and self.cfg.replenish_spares),
+            can_borrow=self.loans is not None, room=self.pool.room(),
+            transparent=transparent, outcome=rec.outcome, lost_steps=rec.lost_steps)
+        while True:
+            step = plan_recovery(view)
+            if isinstance(step, StartSpares):
+                # A death during a recovery (the spare just called in, or another
+                # member) finds the spares already used: start replacements now (forked
+                # from the zygote: ~0.1 s) rather than roll back while a replica holds
+                # the state.
+                started = []
+                for _ in range(step.count):
+                    extra = self._spawn()
+                    log.warning("no spare left for %s: started %s", ", ".join(dead), extra)
+                    self.spares.append(extra)
+                    started.append(SpareView(slot=extra, alive=True, ready=False,
+                                             shard=self.shard_of[extra]))
+                view = replace(view, spares=(*view.spares, *started),
+                               room=self.pool.room())
+            elif isinstance(step, Borrow):
+                # No spare of its own: a host of a lower-priority job (runtime.borrowing).
+                got = self.loans.borrow(step.count, inc) if self.loans is not None else []
+                view = replace(view, borrowed=True, room=self.pool.room(), spares=(
+                    *view.spares, *(SpareView(slot=s, alive=True, ready=False,
+                                              shard=self.shard_of[s]) for s in got)))
+            elif isinstance(step, NeedCheckpoint):
+                found = self._latest_ckpt()
+                view = replace(view, checkpoint_known=True, checkpoint=(
+                    (found[0], str(found[1])) if found is not None else None))
+            elif isinstance(step, FailJob):
+                self._fail(step.why)
                 return
-            ck_step, ck_path = ck
-            members = []
-            pool = [s for s in self.spares if self._alive(s)]
-            for m in self.members:
-                if m in survivors:
-                    members.append(m)
-                elif pool:
-                    s = pool.pop(0)
-                    self.spares.remove(s)
-                    members.append(s)
-                elif self.pool.has_room():
-                    members.append(self._spawn())  # cold: imports torch from scratch
-                else:
-                    self._fail(f"no place left to replace {m} (every node is lost or full)")
-                    return
-            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.ROLLBACK, members=members,
-                          ckpt=str(ck_path), ckpt_step=ck_step)
-            rec.outcome = Outcome.ROLLED_BACK
-            rec.rollback_step = ck_step
-            rec.lost_steps = max(self.last_step - ck_step + absorbed, rec.lost_steps)
-        log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode, members)
-        rec.gen = plan.gen
-        self._publish(plan)
-
-    def _recover_sharded(self, rec: Recovery, dead: list[str], holders: list[str]) -> None:
-        """HSDP: live migration when every lost shard is still held in another replica
-        group -- each dead member is replaced by a spare built for its shard (forked at
-        once if none is ready) that receives the shard from a holder; otherwise roll
-        everyone back to the newest whole sharded (DCP) checkpoint, or fail without one."""
-        lost = sorted({self.shard_of[d] for d in dead})
-        held = {self.shard_of[h] for h in holders}
-        gone = [s for s in lost if s not in held]
-        rollback = None
-        if gone:
-            rollback = self._latest_ckpt()
-            if rollback is None:
-                self._fail(f"shard(s) {gone} lost in every replica group, and no sharded "
-                           "checkpoint to roll back to")
-                return
-            log.warning("shard(s) %s lost in every replica group: rolling back to the "
-                        "checkpoint of step %d", gone, rollback[0])
-        ready = self._ready_spares()
-        ready += [s for s in self.spares if self._alive(s) and s not in ready]
-        replace: dict[str, str] = {}
-        for d in dead:
-            match = [s for s in ready if self.shard_of[s] == self.shard_of[d]
-                     and s not in replace.values()]
-            if match:
-                replace[d] = match[0]
             else:
-                extra = self._spawn(self.shard_of[d])
-                log.warning("no spare for shard %d of %s: started %s", self.shard_of[d], d,
-                            extra)
-                self.spares.append(extra)
-                replace[d] = extra
-        members = [replace.get(m, m) for m in self.members]
-        for s in replace.values():
+                break
+        if step.gone_shards and step.checkpoint is not None:
+            log.warning("shard(s) %s lost in every replica group: rolling back to the "
+                        "checkpoint of step %d", list(step.gone_shards), step.checkpoint[0])
+        new: dict[NewProcess, str] = {}
+        for start in step.starts:
+            new[start] = self._spawn(start.shard)
+            if start.spare:
+                log.warning("no spare for shard %d of %s: started %s", start.shard,
+                            start.replaces, new[start])
+        members = [new[m] if isinstance(m, NewProcess) else m for m in step.members]
+        for s in step.called_in:
             self.spares.remove(s)
-        if rollback is not None:
-            ck_step, ck_path = rollback
-            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.ROLLBACK, members=members,
-                          ckpt=str(ck_path), ckpt_step=ck_step)
-            rec.outcome = Outcome.ROLLED_BACK
-            rec.rollback_step = ck_step
-            rec.lost_steps = max(self.last_step - ck_step, rec.lost_steps)
+        ck = step.checkpoint
+        plan = P.Plan(gen=self.gen + 1, mode=step.mode, members=members,
+                      ckpt=ck[1] if ck is not None else None,
+                      ckpt_step=ck[0] if ck is not None else None)
+        rec.outcome, rec.lost_steps = step.outcome, step.lost_steps
+        if ck is not None:
+            rec.rollback_step = ck[0]
+        if self.cfg.shards > 1:
+            log.warning("generation %d: %s recovery (HSDP, %d shards), members %s",
+                        plan.gen, plan.mode, self.cfg.shards, members)
         else:
-            if rec.outcome != Outcome.ROLLED_BACK:
-                rec.outcome = Outcome.LIVE_MIGRATED
-            plan = P.Plan(gen=self.gen + 1, mode=P.PlanMode.LIVE, members=members)
-        log.warning("generation %d: %s recovery (HSDP, %d shards), members %s", plan.gen,
-                    plan.mode, self.cfg.shards, members)
+            log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode,
+                        members)
         rec.gen = plan.gen
         self._publish(plan)
 
@@ -1076,33 +1055,27 @@ class Supervisor:
                                                      error=report.error)
         if self.first_fault is not None:
             ff = self.first_fault
-            quiet = self._blame_quiet_s()
+            quiet = blame_quiet_s(self.cfg.fault_grace_s, self.step_seconds,
+                                  P.BEAT_INTERVAL_S)
             self._observe_beats()
-            if self.pool.quiet_nodes():
-                return  # a host is silent: the node check decides first (not the reporter)
-            if time.monotonic() - ff.at >= quiet and self._alive(ff.slot):
-                self.first_fault = None
-                # No process died. A collective that timed out was maybe waiting for a
-                # peer that is stuck: the reporter keeps beating while it waits for the
-                # next generation, a stuck peer does not. Fence the stuck peers if there
-                # are any, else the reporter (its own collective failed). A peer counts
-                # as stuck only when silent for two steps: a healthy peer busy with its
-                # forward/backward when the reporter's collective raised enters its next
-                # collective within a step and beats there (at the old 0.5 s a busy peer
-                # was fenced as hung each time the same rank raised: never escalated).
-                stuck = [s for s in self._silent_members(quiet) if s != ff.slot]
-                if stuck:
-                    self._fence_hung(stuck, f"{ff.slot} reported: {ff.error}")
-                    return
-                log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
-                          ff.slot, ff.error, ff.slot)
-                self._fence(ff.slot, Fence(cause="collective_error", detail=ff.error))
-                self.pool.kill(ff.slot)
-
-    def _blame_quiet_s(self) -> float:
-        """How long a peer must have been silent to be blamed for a reporter's failed
-        collective: the grace, and at least two steady steps plus a beat interval."""
-        return max(self.cfg.fault_grace_s, 2 * self.step_seconds + P.BEAT_INTERVAL_S)
+            # A host is silent: the node check decides first (not the reporter).
+            host_quiet = bool(self.pool.quiet_nodes())
+            if not blame_due(reported_at=ff.at, now=time.monotonic(), quiet_s=quiet,
+                             host_quiet=host_quiet,
+                             reporter_alive=not host_quiet and self._alive(ff.slot)):
+                return
+            # No process died: the stuck peers are fenced, else the reporter
+            # (runtime.coordinator.blame). At the old 0.5 s a busy peer was fenced as
+            # hung each time the same rank raised: never escalated.
+            self.first_fault = None
+            verdict = blame(ff.slot, self._silent_members(quiet))
+            if verdict.hung:
+                self._fence_hung(list(verdict.hung), f"{ff.slot} reported: {ff.error}")
+                return
+            log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
+                      ff.slot, ff.error, ff.slot)
+            self._fence(ff.slot, Fence(cause="collective_error", detail=ff.error))
+            self.pool.kill(ff.slot)
 
     def hang_deadline(self) -> float:
         """Seconds without a committed step after which the job counts as hung:
@@ -1120,11 +1093,9 @@ class Supervisor:
         unchanged since an earlier look has not been written since (steady training
         writes none)."""
         now = time.monotonic()
-        for slot in self.members:
-            raw = self.store.get(P.beat_key(slot)) \
-                if self.store.check([P.beat_key(slot)]) else None
-            if slot not in self._beats or self._beats[slot][0] != raw:
-                self._beats[slot] = (raw, now)
+        raws = {slot: self.store.get(P.beat_key(slot))
+                if self.store.check([P.beat_key(slot)]) else None for slot in self.members}
+        self._beats = observe_beats(self._beats, raws, now)
 
     def _silent_members(self, quiet_s: float) -> list[str]:
         """Live, started members (their model built) whose heartbeat has not changed for
@@ -1133,35 +1104,35 @@ class Supervisor:
         silent yet."""
         self._observe_beats()
         now = time.monotonic()
-        silent = []
-        for slot in self.members:
-            if not self._alive(slot) or not self.store.check([P.waiting_key(slot)]):
-                continue  # dead (the death path acts), or still starting: not stuck
-            if now - self._beats[slot][1] >= quiet_s:
-                silent.append(slot)
-        return silent
+        # Dead (the death path acts), or still starting: not stuck.
+        eligible = [slot for slot in self.members
+                    if self._alive(slot) and self.store.check([P.waiting_key(slot)])]
+        return silent_members(self._beats, eligible, now, quiet_s)
 
     def _handle_watchdog(self, now: float) -> None:
-        if self._advanced_at is None or self.recovery.active:
+        """The step watchdog: the decisions are runtime.coordinator's (stalled_for, the
+        stopped-rank rule, hang_phase / hang_verdict); this reads /proc and the beats
+        when they ask, and fences."""
+        stalled = stalled_for(now, self._advanced_at, recovering=self.recovery.active)
+        if stalled is None:
             self._stopped_since.clear()
             return
-        stalled = now - self._advanced_at
         if self.pool.quiet_nodes():
             return  # a host is silent: the node check decides (lost, or we are cut off)
         if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
             return
         deadline = self.hang_deadline()
-        if stalled < deadline / 3:
+        phase = hang_phase(stalled, deadline)
+        if phase == HangPhase.EARLY:
             return
         self._observe_beats()  # from a third of the deadline: who still beats
-        if stalled < deadline:
+        if phase == HangPhase.OBSERVE:
             return
-        # Peers waiting for a stuck rank beat every BEAT_INTERVAL_S; the stuck one has
-        # been silent for about as long as the step has stalled.
-        silent = self._silent_members(min(deadline / 2, 1.0))
-        if silent and len(silent) < len(self.members):
-            self._fence_hung(silent, f"no committed step for {stalled:.1f} s (deadline "
-                                     f"{deadline:.1f} s); its peers were waiting for it")
+        silent = self._silent_members(hang_quiet_s(deadline))
+        hung = hang_verdict(silent, len(self.members))
+        if hung:
+            self._fence_hung(list(hung), f"no committed step for {stalled:.1f} s (deadline "
+                                         f"{deadline:.1f} s); its peers were waiting for it")
             return
         log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which rank "
                     "is stuck; waiting", self.last_step, stalled,
@@ -1174,16 +1145,15 @@ class Supervisor:
         stopped on every look for half the deadline once the step has stalled for all
         of it, as long as one member is not stopped (it holds the state)."""
         fast = stopped_deadline(self.step_seconds, self.cfg.hang_stopped_factor)
-        if stalled < fast / 2:
+        if not stopped_look_due(stalled, fast):
             self._stopped_since.clear()
             return False
-        for slot in self.members:
-            if self.pool.stopped(slot):
-                self._stopped_since.setdefault(slot, now)
-            else:
-                self._stopped_since.pop(slot, None)
-        stopped = [s for s, t in self._stopped_since.items() if now - t >= fast / 2]
-        if stalled < fast or not stopped or len(self._stopped_since) >= len(self.members):
+        self._stopped_since = note_stopped(
+            self._stopped_since, {slot: self.pool.stopped(slot) for slot in self.members},
+            now)
+        stopped = stopped_to_fence(self._stopped_since, members=len(self.members), now=now,
+                                   stalled=stalled, deadline_s=fast)
+        if not stopped:
             return False
         self._fence_hung(stopped, f"stopped (state T in /proc) with no committed step for "
                                   f"{stalled:.2f} s (deadline {fast:.2f} s)")
@@ -1316,30 +1286,24 @@ class Supervisor:
     def _handle_moves(self) -> None:
         if not self.moves or self.recovery.active:
             return  # one membership change at a time; a move waits for the recovery
-        ready = self._ready_spares()
-        if not ready:
-            mv = self.moves[0]
-            if not self.spares and (self.cfg.spares == 0 or not self.cfg.replenish_spares) \
-                    and mv.slot not in self._move_warned:
+        mv = self.moves[0]
+        decision = plan_move(slot=mv.slot, members=self.members, ready=self._ready_spares(),
+                             shard_of=self.shard_of, spares=len(self.spares),
+                             spares_coming=bool(self.cfg.spares and self.cfg.replenish_spares))
+        if isinstance(decision, MoveWait):
+            if decision.no_spare and mv.slot not in self._move_warned:
                 self._move_warned.add(mv.slot)
                 log.warning("%s move off %s queued: the job has no spare (status.json "
                             "lists it under moves_pending)", mv.failure_class, mv.slot)
             return
-        mv = self.moves.pop(0)
-        if mv.slot not in self.members:
-            # It died (an unplanned failure, already recorded) or was replaced meanwhile.
+        self.moves.pop(0)
+        if isinstance(decision, MoveDrop):
             log.warning("%s move off %s dropped: no longer a member", mv.failure_class,
                         mv.slot)
             return
-        # HSDP: the spare must be built for the leaving worker's shard.
-        match = [s for s in ready if self.shard_of.get(s) == self.shard_of.get(mv.slot)]
-        if not match:
-            self.moves.insert(0, mv)
-            return
-        spare = match[0]
+        spare, members = decision.spare, list(decision.members)
         self.spares.remove(spare)
-        members = [spare if m == mv.slot else m for m in self.members]
-        donors = [mv.slot] if len(self.members) == 1 else []
+        donors = list(decision.donors)
         inc = self._open_incident(mv.failure_class, mv.cause, [mv.slot], self.last_step,
                                   mv.detail, mv.detected)
         self.recovery = Recovery(incidents=[inc], gen=self.gen + 1,
