@@ -782,16 +782,24 @@ class Supervisor:
         self.moving.discard(slot)
         return True
 
-    def _handle_deaths(self) -> None:
+    def _fence_lost_nodes(self) -> None:
         for nf in self.pool.take_node_failures():
             # A whole node at once: its processes die in this pass, one incident, with
             # the node's cause (node_lost, or hang for a silent node), dated when the
             # node was last known alive.
             for slot in nf.slots:
                 self._fence(slot, Fence(cause=nf.cause, detail=nf.detail, since=nf.since))
+
+    def _handle_deaths(self) -> None:
+        self._fence_lost_nodes()
         dead = self._dead_members()
         if not dead:
             return
+        # Polling the members (a remote process's poll refreshes the node pool) may itself
+        # have noticed a node's loss: fence its slots before the death is drafted, or the
+        # draft -- what --resume records if the coordinator dies within the merge window --
+        # would call the node's loss a kill (seen under load in test_partition_real).
+        self._fence_lost_nodes()
         # A hang began when progress stopped, not when it was fenced: the stall counts
         # in the recovery time.
         detected = death_detected_at(time.monotonic(), [f.since for s, _ in dead
