@@ -120,18 +120,22 @@ def bundle_entries(entries: Iterable[bytes]) -> bytes:
 def parse_bundle(data: bytes) -> list[bytes]:
     """The entries of an entry bundle; ValueError when a length runs past the end."""
     out: list[bytes] = []
+    append = out.append
     pos, n = 0, len(data)
     while pos < n:
         if pos + 2 > n:
             raise ValueError(f"entry bundle ends inside a length prefix at byte {pos}")
-        length = int.from_bytes(data[pos : pos + 2], "big")
-        pos += 2
-        if pos + length > n:
+        # The big-endian uint16 read from its two bytes (a slice and int.from_bytes per
+        # entry cost twice as much, at a million entries).
+        start = pos + 2
+        end = start + (data[pos] << 8 | data[pos + 1])
+        if end > n:
             raise ValueError(
-                f"entry {len(out)} of the bundle claims {length} bytes, only {n - pos} are left"
+                f"entry {len(out)} of the bundle claims {end - start} bytes, only {n - start} "
+                "are left"
             )
-        out.append(data[pos : pos + length])
-        pos += length
+        append(data[start:end])
+        pos = end
     return out
 
 
@@ -145,7 +149,12 @@ def compute_levels(leaf_hashes: Sequence[bytes]) -> list[list[bytes]]:
     levels = [list(leaf_hashes)]
     cur = levels[0]
     while len(cur) > 1:
-        nxt = [sha(b"\x01" + cur[i] + cur[i + 1]).digest() for i in range(0, len(cur) - 1, 2)]
+        # Pairs by zip of the even and odd nodes (no index arithmetic per node); an odd
+        # last node has no pair and makes no perfect node at the next height.
+        nxt = [
+            sha(b"\x01" + left + right).digest()
+            for left, right in zip(cur[::2], cur[1::2], strict=False)
+        ]
         levels.append(nxt)
         cur = nxt
     return levels

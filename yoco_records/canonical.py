@@ -21,19 +21,24 @@ import json
 import math
 import re
 import threading
+from collections.abc import Sequence
 from decimal import Decimal
 from json.encoder import encode_basestring as _quote
-from typing import Any
+from typing import Any, NoReturn
 
 import rfc8785
 
 __all__ = [
+    "ABSENT",
     "MAX_SAFE_INTEGER",
     "CanonicalizationError",
     "JsonInputError",
+    "NotCanonicalError",
     "canonical_bytes",
+    "canonical_fields",
     "decimal_of",
     "format_path",
+    "parse_canonical",
     "parse_json_strict",
 ]
 
@@ -139,6 +144,10 @@ class CanonicalizationError(ValueError):
         return self.message
 
 
+class NotCanonicalError(ValueError):
+    """Strict JSON whose value has a canonical form, but other bytes than that form."""
+
+
 class _Bad:
     """Placeholder the parse hooks leave where the input holds something refused."""
 
@@ -192,6 +201,12 @@ class _DecoderState(threading.local):
 
     found_bad: bool = False
     decoder: json.JSONDecoder | None = None
+
+    def __init__(self) -> None:
+        # The flat-object shapes parse_canonical learned in this thread: every one known
+        # (by keys and value types) and the few tried first, most recently used first.
+        self.shapes: dict[tuple[tuple[str, ...], str], _Shape] = {}
+        self.tried: list[_Shape] = []
 
 
 _STATE = _DecoderState()
@@ -491,3 +506,311 @@ def decimal_of(number: int | float) -> Decimal:
         # The canonical fast path's layout (held equal to rfc8785's by the tests).
         return Decimal(ecma_float(number))
     return Decimal(rfc8785.dumps(number).decode("ascii"))
+
+
+class _Undecided(Exception):
+    """The fast check of :func:`parse_canonical` cannot decide; the full rule will."""
+
+
+def _fast_int(text: str) -> int:
+    # Python writes any integer; RFC 8785 only those within ±(2**53 − 1).
+    if len(text) > 17:
+        raise _Undecided
+    value = int(text)
+    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        raise _Undecided
+    return value
+
+
+def _fast_float(text: str) -> float:
+    # Python's repr and RFC 8785 lay out a float alike but for an exponent ("1e+16",
+    # "1e-07") or an integral value ("1.0", "-0.0", "9007199254740992.0"): re-encoded
+    # bytes equal to such a text would not prove it canonical, so the full rule decides.
+    if text.endswith(".0") or "e" in text or "E" in text:
+        raise _Undecided
+    return float(text)
+
+
+def _fast_constant(name: str) -> NoReturn:
+    raise _Undecided
+
+
+_FAST_DECODER = json.JSONDecoder(
+    parse_int=_fast_int, parse_float=_fast_float, parse_constant=_fast_constant
+)
+_FAST_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+)
+_UNDECIDED = object()
+
+
+def _fast_parse(text: str) -> Any:
+    """The value of ``text`` (ASCII) when the standard library's C parser and encoder
+    prove it canonical, else :data:`_UNDECIDED` (never a wrong "canonical").
+
+    ASCII keys sort alike by code point and by UTF-16 code unit, and ASCII text holds no
+    lone surrogate the encoder would write raw.  Strings are quoted by the same function
+    as :func:`canonical_bytes` quotes them; integers outside ±(2**53 − 1), NaN and
+    infinities, and every float Python lays out other than RFC 8785 are left undecided by
+    the parse hooks.  A key twice, white space, another key order, an escape the
+    canonical form does not use: each makes the re-encoding differ, and so undecided.
+    """
+    try:
+        value, end = _FAST_DECODER.raw_decode(text)
+        if end == len(text) and _FAST_ENCODER.encode(value) == text:
+            return value
+    except (ValueError, _Undecided, RecursionError):
+        pass
+    return _UNDECIDED
+
+
+# A flat object of plain values, as canonical text, matched by one regular expression:
+# a shape is learned from an entry the C check proved canonical (its keys, in their
+# canonical order, and each value's type), and every later entry of that shape is then
+# checked by the expression alone, which admits only canonical text:
+# - a key or string of printable ASCII but '"' and '\' is written as itself, quoted;
+# - an integer of at most 15 digits (inside ±(2**53 − 1)), no leading zero, no "-0";
+# - a fraction of at most 9 + 6 digits, its last one not 0, at least 0.000001: a decimal
+#   of at most 15 significant digits is the shortest that reads back as its double (15
+#   digits survive the round trip, so no shorter decimal reads as the same double), and
+#   RFC 8785 writes a number from 1e-6 up to 1e21 without an exponent, as here;
+# - true, false, null.
+_SIMPLE_TEXT = r"[ !#-\[\]-~]*"
+_SIMPLE = re.compile(_SIMPLE_TEXT)
+_VALUE_PATTERN = {
+    "s": f'"({_SIMPLE_TEXT})"',
+    "i": r"(0|-?[1-9][0-9]{0,14})",
+    "f": r"(-?(?:0|[1-9][0-9]{0,8})\.[0-9]{0,5}[1-9])",
+    "b": r"(true|false)",
+    "n": r"(null)",
+}
+#: Shapes known to a thread at most (each a compiled expression), and tried per entry.
+_MAX_SHAPES = 64
+_TRIED_SHAPES = 4
+
+
+class _Shape:
+    """One learned shape: its expression and how to read each captured value."""
+
+    __slots__ = ("bools", "floats", "ints", "keys", "kinds", "lines", "nulls", "regex")
+
+    def __init__(self, keys: tuple[str, ...], kinds: str) -> None:
+        self.keys = keys
+        self.kinds = kinds
+        body = (
+            "{"
+            + ",".join(
+                f'"{re.escape(k)}":{_VALUE_PATTERN[t]}' for k, t in zip(keys, kinds, strict=True)
+            )
+            + "}"
+        )
+        self.regex = re.compile(body)
+        # Many entries at once, one to a line: a line of this shape gives its values and
+        # an empty last group; any other line, only the last group (the line and its end).
+        self.lines = re.compile(f"^{body}$|^(.*\n)", re.MULTILINE)
+        self.ints = [k for k, t in zip(keys, kinds, strict=True) if t == "i"]
+        self.floats = [k for k, t in zip(keys, kinds, strict=True) if t == "f"]
+        self.bools = [k for k, t in zip(keys, kinds, strict=True) if t == "b"]
+        self.nulls = [k for k, t in zip(keys, kinds, strict=True) if t == "n"]
+
+    def parse(self, text: str) -> Any:
+        """What ``json.loads(text)`` returns when ``text`` has this shape, else
+        :data:`_UNDECIDED`."""
+        m = self.regex.fullmatch(text)
+        if m is None:
+            return _UNDECIDED
+        out = dict(zip(self.keys, m.groups(), strict=True))
+        for k in self.ints:
+            out[k] = int(out[k])
+        for k in self.floats:
+            out[k] = float(out[k])
+        for k in self.bools:
+            out[k] = out[k] == "true"
+        for k in self.nulls:
+            out[k] = None
+        return out
+
+    def rows(self, entries: Sequence[bytes]) -> list[tuple[str, ...]] | None:
+        """One row per entry: an entry of this shape (its whole line matched) gives its
+        values' texts and ``""`` last; any other, ``""`` for each value and its line
+        last.  None when an entry holds a line break (the lines would not be entries)."""
+        text = b"\n".join(entries).decode("latin-1") + "\n"
+        if text.count("\n") != len(entries):
+            return None
+        rows: list[tuple[str, ...]] = self.lines.findall(text)
+        return rows if len(rows) == len(entries) else None
+
+    def column(self, columns: list[tuple[str, ...]], key: str) -> Sequence[Any]:
+        """The values of ``key`` in rows' ``columns`` (from :meth:`rows`), as json reads
+        them (``ABSENT`` when the shape has no such key)."""
+        if key not in self.keys:
+            return (ABSENT,) * len(columns[-1])
+        i = self.keys.index(key)
+        texts = columns[i]
+        kind = self.kinds[i]
+        if kind == "s":
+            return texts
+        if kind == "i":
+            return [int(x) if x else x for x in texts]
+        if kind == "f":
+            return [float(x) if x else x for x in texts]
+        if kind == "b":
+            return [x == "true" for x in texts]
+        return [None] * len(texts)
+
+
+def _shape_parse(text: str) -> Any:
+    """The value of ``text`` when a learned shape matches it, else :data:`_UNDECIDED`."""
+    tried = _STATE.tried
+    for i, shape in enumerate(tried):
+        value = shape.parse(text)
+        if value is not _UNDECIDED:
+            if i:
+                tried.insert(0, tried.pop(i))
+            return value
+    return _UNDECIDED
+
+
+def _learn(value: Any) -> None:
+    """Learn the shape of ``value`` (proved canonical) when it is a flat object of plain
+    values; it is then tried first."""
+    if type(value) is not dict or not value:
+        return
+    kinds = []
+    for key, item in value.items():
+        if not _SIMPLE.fullmatch(key):
+            return
+        t = type(item)
+        if t is str:
+            if not _SIMPLE.fullmatch(item):
+                return
+            kinds.append("s")
+        elif t is int:
+            kinds.append("i")
+        elif t is float:
+            kinds.append("f")
+        elif t is bool:
+            kinds.append("b")
+        elif item is None:
+            kinds.append("n")
+        else:
+            return
+    sig = (tuple(value), "".join(kinds))
+    known = _STATE.shapes
+    shape = known.get(sig)
+    if shape is None:
+        if len(known) >= _MAX_SHAPES:
+            return
+        shape = known[sig] = _Shape(*sig)
+    tried = _STATE.tried
+    if shape in tried:
+        tried.remove(shape)
+    tried.insert(0, shape)
+    del tried[_TRIED_SHAPES:]
+
+
+def _full_parse(data: bytes) -> Any:
+    """:func:`parse_canonical` by the full rule: parsed, canonicalised, compared."""
+    try:
+        value = json.loads(data)
+        same = canonical_bytes(value) == bytes(data)
+    except (ValueError, CanonicalizationError, RecursionError):
+        same = False
+    if same:
+        return value
+    # Refused: parsed strictly, to say why (a key twice, a number JSON cannot carry).
+    strict = parse_json_strict(data)
+    canonical_bytes(strict)
+    raise NotCanonicalError("its bytes are not its RFC 8785 canonical form")
+
+
+def parse_canonical(data: bytes, *, fast: bool = True) -> Any:
+    """Return the JSON value of ``data``, which must be byte for byte its own canonical form.
+
+    Promises: the rule is ``data == canonical_bytes(json.loads(data))``; when it holds,
+    returns what ``json.loads(data)`` returns (fractions as ``float``). Otherwise raises
+    :class:`JsonInputError` when ``data`` is not strict JSON (:func:`parse_json_strict`'s
+    reason, e.g. a key twice), :class:`CanonicalizationError` when its value has no
+    canonical form, else :class:`NotCanonicalError`. Two fast checks accept most
+    canonical entries: a flat object of a shape seen before by one regular expression,
+    any other ASCII text by the standard library's C parser and encoder; whatever they
+    cannot prove canonical goes to the full rule, so the verdict and the reason are the
+    full rule's either way (``fast=False`` applies the full rule alone; the tests
+    compare).
+    """
+    if fast:
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            pass
+        else:
+            value = _shape_parse(text)
+            if value is not _UNDECIDED:
+                return value
+            value = _fast_parse(text)
+            if value is not _UNDECIDED:
+                _learn(value)
+                return value
+    return _full_parse(data)
+
+
+class _Absent:
+    """The value :func:`canonical_fields` gives for a field an entry does not have."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+"""What :func:`canonical_fields` gives for a field an entry does not have."""
+
+#: Entries checked together by :func:`canonical_fields`.
+_CHUNK = 4096
+
+
+def _fields(value: Any, fields: tuple[str, ...]) -> tuple[Any, ...]:
+    if type(value) is not dict:
+        return (ABSENT,) * len(fields)
+    return tuple(value.get(f, ABSENT) for f in fields)
+
+
+def canonical_fields(
+    entries: Sequence[bytes], fields: tuple[str, ...]
+) -> list[tuple[Any, ...]] | None:
+    """For each entry held to :func:`parse_canonical`'s rule, the values of ``fields``.
+
+    Promises: when every entry is byte for byte its canonical form, returns for each (in
+    order) the tuple of its values of ``fields`` as ``parse_canonical`` reads them
+    (:data:`ABSENT` where the entry is not an object or has no such key); None as soon as
+    one is not (then :func:`parse_canonical`, entry by entry, says which and why).
+    Entries of the shape most of the last ones had are checked many at a time, by the
+    shape's expression over their lines (one call for thousands of entries); any other
+    entry by :func:`parse_canonical` itself.
+    """
+    out: list[tuple[Any, ...]] = []
+    bulk: _Shape | None = None
+    for lo in range(0, len(entries), _CHUNK):
+        chunk = entries[lo : lo + _CHUNK]
+        if bulk is None and _STATE.tried:
+            bulk = _STATE.tried[0]
+        rows = bulk.rows(chunk) if bulk is not None else None
+        if bulk is None or rows is None:
+            try:
+                out.extend(_fields(parse_canonical(e), fields) for e in chunk)
+            except ValueError:
+                return None
+            continue
+        columns = list(zip(*rows, strict=True))
+        got = list(zip(*(bulk.column(columns, f) for f in fields), strict=True))
+        others = [j for j, line in enumerate(columns[-1]) if line]
+        for j in others:
+            try:
+                got[j] = _fields(parse_canonical(chunk[j]), fields)
+            except ValueError:
+                return None
+        out.extend(got)
+        if len(others) * 2 > len(chunk):
+            bulk = None  # most were of another shape: the one most recently used next
+    return out

@@ -84,3 +84,41 @@ def test_verifier_modules_import_without_database_web_or_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_all_at_once_and_one_by_one_read_the_same(monkeypatch) -> None:
+    """parse_entries checks the rules over all entries at once and reads them one by one
+    only when one breaks a rule: both readings give the same bodies, and the same error."""
+    from yoco_verify.replay import _parse_one_by_one
+
+    from yoco_records import canonical as c
+
+    monkeypatch.setattr(c, "_CHUNK", 7)  # many chunks, shapes changing between them
+    from yoco_verify.shared.yoco_records import canonical as vc
+
+    monkeypatch.setattr(vc, "_CHUNK", 7)
+    entries = [CONTRACT]
+    for i in range(60):
+        entries.append(progress("C-1", event_id=f"p{i}", step=i, step_seconds=1.5 + i))
+        if i % 9 == 0:
+            entries.append(canonical_bytes({"kind": "failure", "contract_id": "C-1",
+                                            "event_id": f"f{i}", "recovery_seconds": 2.25,
+                                            "job_id": "j", "note": "é" * (i % 2)}))
+    assert parse_entries(entries) == _parse_one_by_one(entries)
+    # Each kind of broken rule, anywhere among them: the same first error either way.
+    broken = [
+        (12, canonical_bytes({"kind": "job_progress", "contract_id": "C-2", "event_id": "x"})),
+        (30, progress("C-1", event_id="p3", step=3, step_seconds=4.5)),
+        (31, canonical_bytes({"contract_id": "C-1", "event_id": "q"})),
+        (40, canonical_bytes({"kind": "outcome", "contract_id": "C-1", "event_id": 7})),
+        (41, canonical_bytes([1, 2])),
+        (50, progress("C-1", event_id="p50", step=50).replace(b'"step":50', b'"step":50.0')),
+        (51, progress("C-1", event_id="p51", step=51).replace(b"{", b"{ ", 1)),
+    ]
+    for at, entry in broken:
+        altered = [*entries[:at], entry, *entries[at + 1 :]]
+        with pytest.raises(VerifyError) as fast:
+            parse_entries(altered)
+        with pytest.raises(VerifyError) as slow:
+            _parse_one_by_one(altered)
+        assert str(fast.value) == str(slow.value), at

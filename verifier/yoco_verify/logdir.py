@@ -391,8 +391,7 @@ def open_log(
         entries.extend(got)
         if progress is not None:
             progress("read", i + 1, len(bundles))
-    leaf = merkle.leaf_hash
-    levels = tiles.compute_levels([leaf(e) for e in entries])
+    levels = tiles.compute_levels(merkle.leaf_hashes(entries))
     if progress is not None:
         progress("hashed", len(entries), len(entries))
     for t in (t for t in all_tiles if t.level >= 0):

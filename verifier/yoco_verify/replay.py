@@ -15,16 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any
 
 from yoco_verify import VerifyError
 from yoco_verify.shared.billing import sla
 from yoco_verify.shared.ledger.records import ContractSpec, contract_from_record
 from yoco_verify.shared.yoco_records.canonical import (
+    ABSENT,
     CanonicalizationError,
     JsonInputError,
-    canonical_bytes,
-    parse_json_strict,
+    NotCanonicalError,
+    canonical_fields,
+    parse_canonical,
 )
 
 __all__ = [
@@ -108,22 +110,6 @@ def parse_entry(data: bytes, seq: int) -> dict[str, Any]:
     return body
 
 
-def _refuse_entry(seq: int, data: bytes) -> NoReturn:
-    """Say why entry ``seq`` is not canonical JSON (strict parse first: a key twice)."""
-    try:
-        value = parse_json_strict(data)
-    except JsonInputError as exc:
-        raise VerifyError(f"entry {seq}: not strict JSON: {exc}") from None
-    try:
-        canonical_bytes(value)
-    except CanonicalizationError as exc:
-        raise VerifyError(f"entry {seq}: has no canonical form: {exc}") from None
-    raise VerifyError(
-        f"entry {seq}: its bytes are not its RFC 8785 canonical form (the ledger writes "
-        "every entry canonical; these were re-encoded or altered)"
-    )
-
-
 def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
     """Every entry parsed, in order, each held to the ledger's own rules first.
 
@@ -133,23 +119,70 @@ def parse_entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
     it must name the log's contract (entry 0's) when it names one.  :class:`VerifyError`
     names the first entry that breaks a rule.  A ``job_progress`` entry (no figure reads
     progress records) becomes ``{"kind": "job_progress", "contract_id": ...}``.
+
+    The rules are first checked over all entries at once (:func:`canonical_fields`
+    proves each canonical and gives its kind, event id and contract; the rest are set
+    and list operations); when any entry breaks one, the entries are read again one by
+    one, and the first that breaks a rule is named as that reading finds it.
     """
+    fields = canonical_fields(entries, _FIELDS)
+    if fields is not None:
+        bodies = _bodies_if_valid(entries, fields)
+        if bodies is not None:
+            return bodies
+    return _parse_one_by_one(entries)
+
+
+_FIELDS = ("kind", "event_id", "contract_id")
+
+
+def _bodies_if_valid(
+    entries: Sequence[bytes], fields: list[tuple[Any, ...]]
+) -> list[dict[str, Any]] | None:
+    """The parsed entries when every one of them (each proved canonical, with ``fields``
+    its kind, event id and contract) keeps the rules of :func:`parse_entries`; else None."""
+    if not fields:
+        return []
+    kinds, eids, cids = zip(*fields, strict=True)
+    if ABSENT in kinds:
+        return None  # an entry with no kind, or not an object
+    ids = [e for e in eids if e is not None and e is not ABSENT]
+    if not set(map(type, ids)) <= {str} or len(set(ids)) != len(ids):
+        return None  # an event id that is not a string, or one used twice
+    cid = None if cids[0] is ABSENT else cids[0]
+    try:
+        if not set(cids[1:]) <= {ABSENT, cid}:
+            return None  # another contract's entry
+    except TypeError:  # a contract that is an object or a list: compared one by one
+        return None
+    # One body for every progress entry (nothing changes a body once replayed).
+    progress = {"kind": "job_progress", "contract_id": cid}
+    return [
+        progress if kind == "job_progress" else parse_entry(data, seq)
+        for seq, (data, kind) in enumerate(zip(entries, kinds, strict=True))
+    ]
+
+
+def _parse_one_by_one(entries: Sequence[bytes]) -> list[dict[str, Any]]:
+    """:func:`parse_entries` entry by entry: the first entry that breaks a rule is named."""
     out: list[dict[str, Any]] = []
     cid: Any = None
     seen: dict[str, int] = {}
     for seq, data in enumerate(entries):
-        # One plain parse and one canonical encoding per entry: equal bytes prove the
-        # entry canonical, and so also free of a key twice (the parse would keep one of
-        # them and the bytes would differ), of numbers JSON cannot carry exactly and of
-        # lone surrogates (neither has a canonical form).  Only an entry that fails is
-        # parsed strictly, to say why.
+        # The one canonical rule (yoco_records.canonical): equal bytes prove the entry
+        # canonical, and so also free of a key twice, of numbers JSON cannot carry
+        # exactly and of lone surrogates; a refused entry is parsed strictly to say why.
         try:
-            strict = json.loads(data)
-            canonical = canonical_bytes(strict)
-        except (ValueError, CanonicalizationError, RecursionError):
-            strict, canonical = None, b""
-        if canonical != bytes(data):
-            _refuse_entry(seq, data)
+            strict = parse_canonical(data)
+        except JsonInputError as exc:
+            raise VerifyError(f"entry {seq}: not strict JSON: {exc}") from None
+        except CanonicalizationError as exc:
+            raise VerifyError(f"entry {seq}: has no canonical form: {exc}") from None
+        except NotCanonicalError as exc:
+            raise VerifyError(
+                f"entry {seq}: {exc} (the ledger writes every entry canonical; these were "
+                "re-encoded or altered)"
+            ) from None
         if not isinstance(strict, dict) or "kind" not in strict:
             raise VerifyError(f"entry {seq}: not a ledger entry (no kind)")
         eid = strict.get("event_id")
