@@ -66,8 +66,16 @@ def test_a_lost_replica_group_healed_from_its_peer_is_live_migrated_once(
     said = re.search(r"killing myself with (\d+) steps committed",
                      (tmp_path / "r1.log").read_text())
     assert said, (tmp_path / "r1.log").read_text()[-3000:]
-    assert (fail["failure_class"], fail["cause"], fail["step"]) == \
-        ("unplanned", "process_killed", int(said.group(1)))
+    # On a busy machine the survivor may train alone until the victim joins, healed from
+    # it at a step past the kill step: the victim then dies in its first step having
+    # committed none itself (no progress marker), and its failure truthfully names no step
+    # (seen once in a clean-clone run).
+    victim_progress = tmp_path / "state" / "groups" / "1" / "attempts" / "000000.progress"
+    assert (fail["failure_class"], fail["cause"]) == ("unplanned", "process_killed")
+    if victim_progress.exists():
+        assert fail["step"] == int(said.group(1))
+    else:
+        assert "step" not in fail and "before committing a step" in fail["detail"], fail
     assert "replica group 1" in fail["detail"]
     assert out["failure_event_id"] == fail["event_id"]
     assert (out["outcome"], out["lost_steps"], out["gpus_affected"]) == ("live_migrated", 0, 1)
