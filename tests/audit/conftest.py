@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,7 @@ def verify(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-@pytest.fixture
-def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, Any]:
+def _build_world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, Any]:
     """Three contracts (one closed and credited), reports of two issued (each recorded by a
     ``report`` entry), both logs exported over a checkpoint covering those entries: as a
     folder (``logs``) and as the portal's ``.tar.gz`` download (``archives``)."""
@@ -75,5 +75,39 @@ def world(seed: Callable[..., None], app_ctx: Any, tmp_path: Path) -> dict[str, 
         archives[cid].write_bytes(data)
     return {"key": key, "key_file": tmp_path / "key.txt", "logs": logs, "reports": files,
             "archives": archives, "tmp": tmp_path}
+
+
+# Tests that read or write the database after the world is built (they ask for one of
+# these fixtures) get a world of their own; the others, which only read and copy files,
+# get a copy of one world built once per test process (its reports, logs and key are the
+# same bytes: building it signs, renders three PDFs and exports two logs).
+_DB_FIXTURES = frozenset({"app_ctx", "seed", "engine_", "engine", "yoco_env"})
+_built: dict[str, Any] = {}
+
+
+def _relocate(value: Any, old: Path, new: Path) -> Any:
+    if isinstance(value, Path):
+        return new / value.relative_to(old)
+    if isinstance(value, dict):
+        return {k: _relocate(v, old, new) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest, tmp_path: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The audit kit's world (see :func:`_build_world`), its files under this test's
+    ``tmp_path``; ``world["tmp"]`` is that folder, free for the test's own copies."""
+    if _DB_FIXTURES & set(request.fixturenames):
+        return _build_world(request.getfixturevalue("seed"), request.getfixturevalue("app_ctx"),
+                            tmp_path)
+    if "world" not in _built:
+        home = tmp_path_factory.mktemp("audit-world")
+        _built["world"] = _build_world(request.getfixturevalue("seed"),
+                                       request.getfixturevalue("app_ctx"), home)
+    original = _built["world"]
+    copy = tmp_path / "world"
+    shutil.copytree(original["tmp"], copy)
+    return _relocate(original, original["tmp"], copy)
 
 

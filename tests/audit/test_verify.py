@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from ledger import note, tiles
@@ -235,6 +236,7 @@ def test_between_two_reports_lists_every_correction(
     assert code == 1 and "the operator rewrote history" in out, out
 
 
+@pytest.mark.usefixtures("app_ctx")  # the CLI reads the database the world was built in
 def test_export_refusals(world, capsys) -> None:
     from yoco.cli import build_app
 

@@ -304,7 +304,7 @@ def test_demo_tells_the_whole_story_with_a_real_training_job(yoco_env, engine) -
 
 
 
-def test_no_help_text_shows_literal_markup() -> None:
+def test_no_help_text_shows_literal_markup(monkeypatch) -> None:
     # Every command's --help is read by people: no reST/Markdown backticks, no rich tags.
     import typer as _typer
 
@@ -313,8 +313,14 @@ def test_no_help_text_shows_literal_markup() -> None:
             yield from walk(sub, [*path, name])
         yield path
 
+    # The command tree built once: typer's runner would rebuild it (every parameter's
+    # annotations evaluated again) for each of the helps.
+    import typer.testing
+
+    command = _typer.main.get_command(app)
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
     seen = 0
-    for path in walk(_typer.main.get_command(app), []):
+    for path in walk(command, []):
         text = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
         assert "Usage" in text, path
         bad = [ln.strip() for ln in text.splitlines() if "`" in ln or "[/" in ln or "[bold" in ln]
