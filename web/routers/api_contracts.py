@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from billing.services import current_year, sla_figures
+from ledger.journal import log_size
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.cache import scope_key, view_stamp
@@ -31,7 +32,6 @@ from web.schemas import (
     figures_out,
     month_out,
 )
-from web.views import log_size
 
 router = APIRouter(prefix="/api/v1", tags=["contracts"], responses=ERRORS)
 

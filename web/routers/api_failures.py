@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ledger.journal import log_size
 from web import services
 from web.accounts import Principal
 from web.cache import scope_key, view_stamp
@@ -28,7 +29,6 @@ from web.schemas import (
     TimelineOut,
     failure_out,
 )
-from web.views import log_size
 
 router = APIRouter(prefix="/api/v1", tags=["failures"], responses=ERRORS)
 
