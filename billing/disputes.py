@@ -342,3 +342,52 @@ def list_disputes(
         dispute_json(d)
         for d in session.execute(q.order_by(Dispute.contract_id, Dispute.seq)).scalars()
     ]
+
+
+def disputes_of_contract(session: Session, contract_id: str) -> list[Dispute]:
+    """Every dispute of contract ``contract_id`` (open and decided), newest first."""
+    return list(
+        session.execute(
+            select(Dispute)
+            .where(Dispute.contract_id == contract_id)
+            .order_by(Dispute.opened_at.desc(), Dispute.seq.desc())
+        ).scalars()
+    )
+
+
+def disputes_of_failure(
+    session: Session, contract_id: str, failure_event_id: uuid.UUID
+) -> list[Dispute]:
+    """The disputes of one failure of contract ``contract_id``, oldest first."""
+    return list(
+        session.execute(
+            select(Dispute)
+            .where(Dispute.contract_id == contract_id,
+                   Dispute.failure_event_id == failure_event_id)
+            .order_by(Dispute.opened_at)
+        ).scalars()
+    )
+
+
+def dispute_queue(session: Session, status: str | None = "open") -> list[Dispute]:
+    """The disputes with ``status`` (None or empty: any) of every contract the session
+    may see (row-level security scopes a portal session to its tenant), oldest first."""
+    q = select(Dispute).order_by(Dispute.opened_at)
+    if status:
+        q = q.where(Dispute.status == status)
+    return list(session.execute(q).scalars())
+
+
+def reclassifications_of_failure(
+    session: Session, contract_id: str, failure_event_id: uuid.UUID
+) -> list[Reclassification]:
+    """The reclassifications recorded in contract ``contract_id`` for one failure, in no
+    particular order (the latest in the log counts in the figures)."""
+    return list(
+        session.execute(
+            select(Reclassification).where(
+                Reclassification.contract_id == contract_id,
+                Reclassification.failure_event_id == failure_event_id,
+            )
+        ).scalars()
+    )

@@ -14,13 +14,13 @@ Read-only services for other packages: :func:`sla_figures`, :func:`credit_status
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.types import Text
@@ -552,3 +552,39 @@ def year_status(session: Session, contract_id: str, year: int) -> dict[str, Any]
         "adjustments": row.adjustments,
         "pending_adjustment": row.pending_seq is not None,
     }
+
+
+def credits_newest_first(
+    session: Session,
+    contract_ids: Collection[str] | None,
+    *,
+    before: tuple[datetime, str, int] | None = None,
+    limit: int | None = None,
+) -> list[Credit]:
+    """The credits of ``contract_ids`` (None: of every contract the session may see;
+    row-level security scopes a portal session to its tenant), newest first.
+
+    The order is ``(issued_at, contract_id, seq)`` descending, a total order (``seq`` is
+    unique in a contract's log); ``before`` keeps the credits after that key in it, and
+    ``limit`` the first ones (a page of keyset pagination).
+    """
+    q = select(Credit).order_by(
+        Credit.issued_at.desc(), Credit.contract_id.desc(), Credit.seq.desc()
+    )
+    if contract_ids is not None:
+        q = q.where(Credit.contract_id.in_(list(contract_ids)))
+    if before is not None:
+        q = q.where(tuple_(Credit.issued_at, Credit.contract_id, Credit.seq) < before)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.execute(q).scalars())
+
+
+def closed_years(session: Session, contract_id: str) -> list[BillingYear]:
+    """The closed years of contract ``contract_id`` (each with its latest verdict and
+    adjustment state), in no particular order."""
+    return list(
+        session.execute(
+            select(BillingYear).where(BillingYear.contract_id == contract_id)
+        ).scalars()
+    )

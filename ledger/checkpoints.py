@@ -7,6 +7,7 @@ a consistency proof between the two must verify.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,6 +60,52 @@ def signed_sizes(session: Session, log_id: str) -> list[int]:
         session.execute(
             select(Checkpoint.tree_size)
             .where(Checkpoint.log_id == log_id)
+            .order_by(Checkpoint.tree_size)
+        ).scalars()
+    )
+
+
+def latest_signed_size(session: Session, log_id: str) -> int:
+    """The tree size of ``log_id``'s latest signed checkpoint (0: none signed yet)."""
+    size = session.execute(
+        select(func.max(Checkpoint.tree_size)).where(Checkpoint.log_id == log_id)
+    ).scalar_one_or_none()
+    return int(size or 0)
+
+
+def latest_signed_times(session: Session) -> dict[str, datetime]:
+    """When the latest checkpoint of each log the session may see was signed, by log id
+    (a log with no signed checkpoint is absent)."""
+    rows = session.execute(
+        select(Checkpoint.log_id, func.max(Checkpoint.signed_at)).group_by(Checkpoint.log_id)
+    ).all()
+    return {str(log_id): signed_at for log_id, signed_at in rows}
+
+
+def newest_first(
+    session: Session, log_id: str, *, below: int | None = None, limit: int | None = None
+) -> list[Checkpoint]:
+    """The signed checkpoints of ``log_id``, newest (largest) first; ``below``: only those
+    smaller than that tree size; ``limit``: the first ones (a page of keyset pagination)."""
+    q = (
+        select(Checkpoint)
+        .where(Checkpoint.log_id == log_id)
+        .order_by(Checkpoint.tree_size.desc())
+    )
+    if below is not None:
+        q = q.where(Checkpoint.tree_size < below)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.execute(q).scalars())
+
+
+def at_sizes(session: Session, log_id: str, sizes: Iterable[int]) -> list[Checkpoint]:
+    """The checkpoints of ``log_id`` signed at any of ``sizes``, smallest first (sizes
+    nobody signed are absent)."""
+    return list(
+        session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.log_id == log_id, Checkpoint.tree_size.in_(sorted(sizes)))
             .order_by(Checkpoint.tree_size)
         ).scalars()
     )

@@ -9,16 +9,17 @@ refused (amendments are entries of their own).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import false, select
 from sqlalchemy.orm import Session
 
 from ledger import ids, journal, projections
 from ledger.canonical import canonical_bytes
 from ledger.errors import IngestRefused, UnknownContract, ensure
-from ledger.models import Contract
+from ledger.models import Contract, LedgerLog
 from ledger.records import ContractSpec, RecordError, contract_from_record
 
 CONTRACT_NAMESPACE = uuid.UUID("5b0d3c1e-8f0a-4e59-9a43-0c9a1f3b7d21")
@@ -130,3 +131,90 @@ def get_contract(session: Session, contract_id: str) -> ContractSpec:
 def list_contracts(session: Session) -> list[Contract]:
     """Every contract, by id."""
     return list(session.execute(select(Contract).order_by(Contract.contract_id)).scalars())
+
+
+# --------------------------------------------------------------------------- tenant reads
+
+
+@dataclass(frozen=True, slots=True)
+class TenantScope:
+    """Whose contracts a read may return: one customer's, or every customer's.
+
+    Every tenant-scoped read below takes one, so the customer filter is in the query
+    itself (row-level security, under which the portal's sessions run, is the other
+    half).  ``everyone``: staff, who see every contract; otherwise only the contracts of
+    ``customer`` -- and none at all when ``customer`` is empty (a caller bound to no
+    customer sees nothing, never everything).
+    """
+
+    customer: str = ""
+    everyone: bool = False
+
+
+def _within(scope: TenantScope, query: Any) -> Any:
+    """``query`` (over :class:`Contract`) narrowed to ``scope``."""
+    if scope.everyone:
+        return query
+    if not scope.customer:
+        return query.where(false())
+    return query.where(Contract.customer == scope.customer)
+
+
+def visible_contracts(session: Session, scope: TenantScope) -> list[Contract]:
+    """The contracts of ``scope``, by id."""
+    q = _within(scope, select(Contract).order_by(Contract.contract_id))
+    return list(session.execute(q).scalars())
+
+
+def contract_page(
+    session: Session, scope: TenantScope, after: str | None, limit: int
+) -> list[tuple[str, int]]:
+    """The first ``limit`` contracts of ``scope`` with an id after ``after`` (from the
+    first when None), by id, each with the size of its log (0: no entry yet): a page of
+    keyset pagination."""
+    q = (
+        select(Contract.contract_id, LedgerLog.size)
+        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
+        .order_by(Contract.contract_id)
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(Contract.contract_id > after)
+    q = _within(scope, q)
+    return [(str(cid), int(size or 0)) for cid, size in session.execute(q)]
+
+
+def visible_log_size(session: Session, scope: TenantScope, contract_id: str) -> int | None:
+    """The size of contract ``contract_id``'s log (0: no entry yet) when the contract is
+    in ``scope``; None when it is not -- the same answer for another customer's contract
+    as for one that does not exist.  One indexed query."""
+    q = _within(
+        scope,
+        select(Contract.contract_id, LedgerLog.size)
+        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
+        .where(Contract.contract_id == contract_id),
+    )
+    row = session.execute(q).first()
+    return None if row is None else int(row[1] or 0)
+
+
+def customer_has_contracts(session: Session, customer: str) -> bool:
+    """True when at least one contract belongs to ``customer``."""
+    q = select(Contract.contract_id).where(Contract.customer == customer).limit(1)
+    return session.execute(q).first() is not None
+
+
+def contract_ids_of(session: Session, customer: str) -> list[str]:
+    """The ids of ``customer``'s contracts, sorted."""
+    q = (
+        select(Contract.contract_id)
+        .where(Contract.customer == customer)
+        .order_by(Contract.contract_id)
+    )
+    return list(session.execute(q).scalars())
+
+
+def existing_contract_ids(session: Session, contract_ids: Collection[str]) -> set[str]:
+    """Those of ``contract_ids`` that name a recorded contract (that the session sees)."""
+    q = select(Contract.contract_id).where(Contract.contract_id.in_(list(contract_ids)))
+    return set(session.execute(q).scalars())

@@ -301,6 +301,24 @@ def log_size(session: Session, log_id: str) -> int:
     return int(size or 0)
 
 
+def log_sizes(session: Session) -> dict[str, int]:
+    """The size of every log the session may see (row-level security scopes a portal
+    session to its tenant's logs), by log id."""
+    return {
+        log_id: int(size)
+        for log_id, size in session.execute(select(LedgerLog.log_id, LedgerLog.size))
+    }
+
+
+def log_of_entry(session: Session, event_id: uuid.UUID) -> str | None:
+    """The id of the log that holds entry ``event_id``; None when no entry (that the
+    session sees) has that id."""
+    log_id: str | None = session.execute(
+        select(JournalEntry.log_id).where(JournalEntry.event_id == event_id)
+    ).scalar_one_or_none()
+    return log_id
+
+
 def entry_body(canonical: bytes) -> dict[str, Any]:
     """The parsed body of canonical entry bytes."""
     body = json.loads(canonical)

@@ -24,8 +24,11 @@ from ledger.errors import ensure
 from ledger.models import (
     PROJECTION_TABLES,
     Contract,
+    Exclusion,
+    Failure,
     JobSpan,
     JournalEntry,
+    Outcome,
 )
 
 #: Failures by event id, for the references of outcomes and exclusions: a join on the
@@ -364,4 +367,104 @@ def snapshot(
     for table in (*PROJECTION_TABLES, *extra_tables):
         rows = session.execute(text(f"SELECT * FROM {table}")).all()
         out[table] = sorted((tuple(r) for r in rows), key=repr)
+    return out
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+def failure_of(session: Session, contract_id: str, event_id: uuid.UUID) -> Failure | None:
+    """The failure ``event_id`` of contract ``contract_id``; None when that contract has
+    no such failure (another contract's failure is not found either)."""
+    found: Failure | None = session.execute(
+        select(Failure).where(Failure.event_id == event_id, Failure.contract_id == contract_id)
+    ).scalar_one_or_none()
+    return found
+
+
+def outcomes_of_failure(
+    session: Session, contract_id: str, failure_event_id: uuid.UUID
+) -> list[Outcome]:
+    """The outcomes recorded in contract ``contract_id`` for one failure, in time then
+    ledger order (the last one counts: a later outcome corrects an earlier one)."""
+    return list(
+        session.execute(
+            select(Outcome)
+            .where(Outcome.failure_event_id == failure_event_id,
+                   Outcome.contract_id == contract_id)
+            .order_by(Outcome.occurred_at, Outcome.seq)
+        ).scalars()
+    )
+
+
+def exclusions_of_failure(
+    session: Session, contract_id: str, failure_event_id: uuid.UUID
+) -> list[Exclusion]:
+    """The exclusions recorded in contract ``contract_id`` for one failure, in time then
+    ledger order."""
+    return list(
+        session.execute(
+            select(Exclusion)
+            .where(Exclusion.failure_event_id == failure_event_id,
+                   Exclusion.contract_id == contract_id)
+            .order_by(Exclusion.occurred_at, Exclusion.seq)
+        ).scalars()
+    )
+
+
+def failures_with_ids(session: Session, event_ids: Collection[uuid.UUID]) -> list[Failure]:
+    """The failures among ``event_ids`` that the session may see (row-level security
+    scopes a portal session to its tenant), in no particular order."""
+    return list(
+        session.execute(select(Failure).where(Failure.event_id.in_(list(event_ids)))).scalars()
+    )
+
+
+def outcomes_of_failures(
+    session: Session, failure_event_ids: Collection[uuid.UUID]
+) -> list[Outcome]:
+    """The outcomes of any of ``failure_event_ids`` that the session may see, in time then
+    ledger order (for each failure, the last one counts)."""
+    return list(
+        session.execute(
+            select(Outcome)
+            .where(Outcome.failure_event_id.in_(list(failure_event_ids)))
+            .order_by(Outcome.occurred_at, Outcome.seq)
+        ).scalars()
+    )
+
+
+def outcome_counts(session: Session) -> dict[str, list[tuple[str, int]]]:
+    """How many outcome entries each contract the session may see holds, by outcome:
+    contract id -> [(outcome, count)], outcomes sorted."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for cid, outcome, n in session.execute(
+        text(
+            "SELECT contract_id, outcome, count(*) FROM outcomes "
+            "GROUP BY contract_id, outcome ORDER BY contract_id, outcome"
+        )
+    ):
+        out.setdefault(cid, []).append((outcome, int(n)))
+    return out
+
+
+def recovery_histograms(
+    session: Session, bounds: Sequence[float]
+) -> dict[str, tuple[tuple[int, ...], float]]:
+    """The recovery seconds of each contract's outcome entries (the contracts the session
+    may see) as a cumulative histogram: contract id -> (how many recovered within each of
+    ``bounds`` seconds, then how many in all; the sum of their recovery seconds)."""
+    cols = ", ".join(
+        f"count(*) FILTER (WHERE recovery_seconds <= {Decimal(str(b))})"
+        for b in bounds
+    )
+    out: dict[str, tuple[tuple[int, ...], float]] = {}
+    for row in session.execute(
+        text(
+            f"SELECT contract_id, {cols}, count(*), coalesce(sum(recovery_seconds), 0) "
+            "FROM outcomes GROUP BY contract_id"
+        )
+    ):
+        cid, *counts, total = row
+        out[cid] = (tuple(int(n) for n in counts), float(total))
     return out

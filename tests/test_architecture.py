@@ -144,3 +144,36 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert ("web.deps", 2) in set(_imports(tree, "web.render", False))
     checking = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import yoco\n")
     assert not any(t == "yoco" for t, _ in _imports(checking, "web.x", False))
+
+
+#: The ORM modules of the domain packages: the portal reads through their query
+#: functions (ledger.contracts, ledger.journal, ledger.checkpoints, ledger.projections,
+#: billing.services, billing.disputes), never through the models themselves.
+DOMAIN_MODELS = ("ledger.models", "billing.models")
+#: The one exception: the portal's own tables (users, sessions, tokens) are declared on
+#: the ledger's declarative base, so that one metadata (and one migration history)
+#: holds every table.
+SHARED_BASE = {("web.models", "ledger.models"), ("web.models", "ledger.models.Base")}
+
+
+def test_the_portal_reads_the_domain_through_query_functions_not_orm_models() -> None:
+    wrong: dict[str, str] = {}
+    for module, path in _modules("web").items():
+        tree = ast.parse(path.read_text(), str(path))
+        for target, line in _imports(tree, module, path.name == "__init__.py"):
+            named = any(target == m or target.startswith(m + ".") for m in DOMAIN_MODELS)
+            if named and (module, target) not in SHARED_BASE:
+                wrong.setdefault(f"{path.relative_to(ROOT)}:{line}", target)
+    assert not wrong, "\n".join(f"{where} imports {what}" for where, what in wrong.items())
+
+
+def test_the_orm_check_finds_a_model_import() -> None:
+    # The check itself: a function-local import of a model is found; a type-only one
+    # (never run) is not.
+    local = ast.parse("def f():\n    from billing.models import Credit\n")
+    assert ("billing.models.Credit", 2) in set(_imports(local, "web.x", False))
+    typed = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from ledger.models import Failure\n"
+    )
+    assert not any(t.startswith("ledger.models") for t, _ in _imports(typed, "web.x", False))

@@ -16,8 +16,8 @@ from argon2 import PasswordHasher
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
+from ledger.contracts import contract_ids_of, customer_has_contracts, existing_contract_ids
 from ledger.errors import ensure
-from ledger.models import Contract
 from web.errors import Forbidden, Invalid, RateLimited
 from web.models import ROLES, ApiToken, PortalSession, PortalUser
 from web.security import hash_password, new_api_token, same_hash, sha256, token_prefix
@@ -124,11 +124,7 @@ def add_user(
 
 def customer_exists(session: Session, customer: str) -> bool:
     """True when some contract belongs to ``customer`` (read as the application role)."""
-    return (
-        session.execute(select(Contract.contract_id).where(Contract.customer == customer).limit(1))
-        .first()
-        is not None
-    )
+    return customer_has_contracts(session, customer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -375,11 +371,7 @@ def create_token(
             "or --scope metrics (to scrape /metrics)"
         )
     if ids:
-        found = set(
-            session.execute(
-                select(Contract.contract_id).where(Contract.contract_id.in_(ids))
-            ).scalars()
-        )
+        found = existing_contract_ids(session, ids)
         missing = [c for c in ids if c not in found]
         if missing:
             raise Invalid(f"unknown contract(s): {', '.join(missing)}")
@@ -398,9 +390,7 @@ def create_token(
 
 
 def _customer_contracts(session: Session, customer: str) -> set[str]:
-    return set(session.execute(
-        select(Contract.contract_id).where(Contract.customer == customer)
-    ).scalars())
+    return set(contract_ids_of(session, customer))
 
 
 def _of_tenant(row: ApiToken, customer: str, mine: set[str]) -> bool:

@@ -1,7 +1,8 @@
 """What the portal shows and does of billing: credits, disputes, year closes, exports.
 
-Reads go through billing's models and services in the caller's (row-level secured)
-session and are scoped by contract; actions call billing's services in a unit of work
+Reads go through billing's query functions (:mod:`billing.services`,
+:mod:`billing.disputes`) in the caller's (row-level secured) session and are scoped by
+contract; actions call billing's services in a unit of work
 of the application role, after the caller's right to the contract was checked.
 """
 
@@ -11,9 +12,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing import disputes as billing_disputes
+from billing import services as billing_services
 from billing.labels import cause_label, class_label
 from billing.money import format_minor, format_money
 
@@ -31,21 +33,10 @@ def credit_rows(
     unique in a contract's log); ``before`` keeps the credits after that key in it, and
     ``limit`` the first ones (keyset pagination).
     """
-    from sqlalchemy import tuple_
-
-    from billing.models import Credit
-
-    q = select(Credit).order_by(
-        Credit.issued_at.desc(), Credit.contract_id.desc(), Credit.seq.desc()
-    )
-    if contract_ids is not None:
-        q = q.where(Credit.contract_id.in_(contract_ids))
-    if before is not None:
-        q = q.where(tuple_(Credit.issued_at, Credit.contract_id, Credit.seq) < before)
-    if limit is not None:
-        q = q.limit(limit)
     out = []
-    for c in session.execute(q).scalars():
+    for c in billing_services.credits_newest_first(
+        session, contract_ids, before=before, limit=limit
+    ):
         out.append(
             {
                 "credit_id": str(c.credit_id),
@@ -76,11 +67,7 @@ def credit_rows(
 
 def year_closes(session: Session, contract_id: str) -> dict[int, dict[str, Any]]:
     """Closed years of a contract: year → verdict and whether an adjustment is pending."""
-    from billing.models import BillingYear
-
-    rows = session.execute(
-        select(BillingYear).where(BillingYear.contract_id == contract_id)
-    ).scalars()
+    rows = billing_services.closed_years(session, contract_id)
     return {
         r.year: {
             "closed_at": r.closed_at,
@@ -94,9 +81,7 @@ def year_closes(session: Session, contract_id: str) -> dict[int, dict[str, Any]]
 
 def credit_status(session: Session, contract_id: str, year: int) -> dict[str, Any] | None:
     """The credit of a contract year as billing reports it, or None (no credit issued)."""
-    from billing.services import credit_status as _status
-
-    return _status(session, contract_id, year)
+    return billing_services.credit_status(session, contract_id, year)
 
 
 def _dispute_dict(d: Any) -> dict[str, Any]:
@@ -118,48 +103,24 @@ def _dispute_dict(d: Any) -> dict[str, Any]:
 
 def disputes_of_contract(session: Session, contract_id: str) -> list[dict[str, Any]]:
     """Every dispute of one contract (open and decided), newest first."""
-    from billing.models import Dispute
-
-    rows = session.execute(
-        select(Dispute)
-        .where(Dispute.contract_id == contract_id)
-        .order_by(Dispute.opened_at.desc(), Dispute.seq.desc())
-    ).scalars()
-    return [_dispute_dict(d) for d in rows]
+    return [_dispute_dict(d) for d in billing_disputes.disputes_of_contract(session, contract_id)]
 
 
 def disputes_of_failure(session: Session, contract_id: str, fid: uuid.UUID) -> list[dict[str, Any]]:
     """Disputes of one failure, oldest first."""
-    from billing.models import Dispute
-
-    rows = session.execute(
-        select(Dispute)
-        .where(Dispute.contract_id == contract_id, Dispute.failure_event_id == fid)
-        .order_by(Dispute.opened_at)
-    ).scalars()
+    rows = billing_disputes.disputes_of_failure(session, contract_id, fid)
     return [_dispute_dict(d) for d in rows]
 
 
 def dispute_queue(session: Session, status: str | None = "open") -> list[dict[str, Any]]:
     """Disputes (open ones by default) the session may see, oldest first."""
-    from billing.models import Dispute
-
-    q = select(Dispute).order_by(Dispute.opened_at)
-    if status:
-        q = q.where(Dispute.status == status)
-    return [_dispute_dict(d) for d in session.execute(q).scalars()]
+    return [_dispute_dict(d) for d in billing_disputes.dispute_queue(session, status)]
 
 
 def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list[dict[str, Any]]:
     """Billing's entries about a failure (reclassifications, disputes) as timeline items."""
-    from billing.models import Dispute, Reclassification
-
     items: list[dict[str, Any]] = []
-    for r in session.execute(
-        select(Reclassification).where(
-            Reclassification.contract_id == contract_id, Reclassification.failure_event_id == fid
-        )
-    ).scalars():
+    for r in billing_disputes.reclassifications_of_failure(session, contract_id, fid):
         items.append(
             {
                 "kind": "reclassification",
@@ -170,9 +131,7 @@ def failure_timeline(session: Session, contract_id: str, fid: uuid.UUID) -> list
                 "detail": {"Reason": r.reason},
             }
         )
-    for d in session.execute(
-        select(Dispute).where(Dispute.contract_id == contract_id, Dispute.failure_event_id == fid)
-    ).scalars():
+    for d in billing_disputes.disputes_of_failure(session, contract_id, fid):
         items.append(
             {
                 "kind": "dispute",

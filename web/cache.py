@@ -12,12 +12,22 @@ region        holds                                                  bound (sett
               their memo (terms in force, contract specs, forecasts)  entries
 ``pages``     rendered page bodies and API JSON bodies               ``PAGE_CACHE_ENTRIES``
 ``figures``   ``/sla`` answers (and the latest instant of each)       ``FIGURES_CACHE_ENTRIES``
-``replays``   complete API answers the fast lane replays              ``REPLAY_CACHE_BYTES``
+``replays``   the API answers the fast lane replays: status, headers  ``REPLAY_CACHE_BYTES``
+              and what they were made of, with a reference to their
+              body in ``pages`` or ``figures``
 ``sessions``  live sessions, by session token                         10,000
 ``tokens``    live read tokens, by SHA-256 of the token               10,000
 ============  =====================================================  =====================
 
 (settings are ``YOCO_WEB_…``; 0 turns a region of answers off.)
+
+**A body is kept once.**  An API body is kept by its handler (under its tag, in
+``pages``; the ``/sla`` figures in ``figures``), and the fast lane's answer refers to that
+entry rather than copying it (:func:`web.replay.body_kept`, :class:`web.replay.Kept`):
+the answer is replayed only while that very entry is kept (its serial number,
+:meth:`Cache.stamped`), so when the body falls out of its region the handler answers
+again.  Only a body kept nowhere else (a 304's, which is empty; the public key) is held
+in ``replays`` itself.
 
 **The rule.**  A kept value is a function of three things, and its key (or, for values
 looked up before they are known, the value itself) names all three:
@@ -66,6 +76,7 @@ Figures: docs/benchmarks-portal.md.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -106,13 +117,18 @@ class Cache:
 
     ``limit`` bounds the total weight of the entries (``weigh(value)``, 1 each by
     default: a number of entries); ``limit <= 0`` keeps nothing.  A value heavier than
-    the whole limit is not kept.
+    the whole limit is not kept.  Every value kept gets a serial number never given
+    before (:meth:`stamped`): whoever refers to an entry rather than copying its value
+    (the fast lane's answers refer to the bodies their handlers kept) can tell the very
+    value it saw from one made again under the same key.
     """
 
     def __init__(self, limit: int, weigh: Callable[[Any], int] | None = None) -> None:
         self.limit = limit
         self._weigh = weigh or _one
-        self._entries: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
+        #: key -> (weight, value, serial)
+        self._entries: OrderedDict[Hashable, tuple[int, Any, int]] = OrderedDict()
+        self._serials = itertools.count(1)
         self._weight = 0
         self._lock = threading.Lock()
         self._making: dict[Hashable, threading.Event] = {}
@@ -128,6 +144,21 @@ class Cache:
             self._entries.move_to_end(key)
             return hit[1]
 
+    def stamped(self, key: Hashable) -> tuple[int, Any] | None:
+        """The serial number and value kept under ``key`` (now the most recently used),
+        or None."""
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None:
+                return None
+            self._entries.move_to_end(key)
+            return hit[2], hit[1]
+
+    @property
+    def weight(self) -> int:
+        """The total weight of the entries kept (their number, unless weighed)."""
+        return self._weight
+
     def put(self, key: Hashable, value: Any) -> None:
         """Keep ``value`` under ``key`` (replacing what was there); the least recently
         used entries go while the region is over its limit."""
@@ -141,10 +172,10 @@ class Cache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._weight -= old[0]
-        self._entries[key] = (weight, value)
+        self._entries[key] = (weight, value, next(self._serials))
         self._weight += weight
         while self._weight > self.limit:
-            _, (w, _) = self._entries.popitem(last=False)
+            _, (w, _, _) = self._entries.popitem(last=False)
             self._weight -= w
 
     def get_or_make(
@@ -152,12 +183,16 @@ class Cache:
         key: Hashable,
         make: Callable[[], T],
         fresh: Callable[[T], bool] | None = None,
+        keep: Callable[[T], bool] | None = None,
     ) -> T:
         """The value kept under ``key`` (when ``fresh(value)``, if given), else
         ``make()``, kept and returned.
 
         Made once per key: a thread that finds another making the same key waits for it
         and then looks again, rather than making it too (a year's figures are costly).
+        ``keep``: a made value for which it is false is returned but not kept (it is not
+        what the key names: the log grew while it was made), so a key never stands for
+        another value, not even for a moment.
         """
         if self.limit <= 0:
             return make()
@@ -179,7 +214,7 @@ class Cache:
             weight = self._weigh(value)
             with self._lock:
                 self.misses += 1
-                if weight <= self.limit:
+                if weight <= self.limit and (keep is None or keep(value)):
                     self._put(key, value, weight)
         finally:
             with self._lock:
@@ -428,8 +463,9 @@ class PortalCache:
         #: The latest instant each ``/sla`` answer (by contract, period and log size) was
         #: computed at (``web.routers.api_contracts._previous_sla``).
         self.instants = Cache(4096)
-        #: Complete API answers their handlers declared replayable (``web.fastlane``),
-        #: weighed by their bytes; each is checked against the request's state at use.
+        #: API answers their handlers declared replayable (``web.fastlane``), weighed
+        #: by their bytes; each is checked against the request's state at use.  A body
+        #: kept by its handler in ``pages`` or ``figures`` is not kept here again.
         self.replays = Cache(settings.replay_cache_bytes, weigh=_kept_size)
         #: When the fast lane last logged answering the usual way (monotonic seconds).
         self.replay_warned_at = -1e9

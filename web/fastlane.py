@@ -16,7 +16,10 @@ log's state and the figures instant it was made from, and is replayed only when 
 state read afresh for this request by the visibility probe
 (:class:`web.replay.AsyncProbe`, run as the caller's scope: a contract it may not see has
 no state) and the instant are those; space is bounded by bytes
-(``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).
+(``YOCO_WEB_REPLAY_CACHE_BYTES``, least recently used out first).  The body is not kept
+a second time: where the handler kept it in the cache (:func:`web.replay.body_kept`), the
+kept answer refers to that very entry (:class:`web.replay.Kept`), and is replayed only
+while that entry is there, unchanged.
 
 Who may be answered from it is decided by the API's one authentication path: the
 middleware runs :func:`web.deps.api_reader` -- the very dependency every read route
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from web.accounts import Principal
 from web.db import scope_settings
-from web.replay import PUBLIC, SCOPE_KEY, Declaration, Kept
+from web.replay import PUBLIC, SCOPE_KEY, Declaration, Kept, source_of
 
 if TYPE_CHECKING:
     from web.portal import Portal
@@ -68,11 +71,11 @@ def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
 
 
 async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
-                      who: Principal | None) -> Kept | None:
+                      who: Principal | None) -> tuple[Kept, bytes] | None:
     """The kept answer to this request of ``who`` (already let in by
-    :func:`web.deps.api_reader`; None: a public answer) if it is still exactly the
-    answer, else None (the handler answers). A failed probe is logged (once a minute)
-    and the handler answers."""
+    :func:`web.deps.api_reader`; None: a public answer) and its body, if it is still
+    exactly the answer, else None (the handler answers). A failed probe is logged (once
+    a minute) and the handler answers."""
     path: str = scope["path"]
     if who is None:
         if path not in PUBLIC_PATHS:
@@ -99,8 +102,11 @@ async def replay_kept(scope: MutableMapping[str, Any], portal: Portal,
             return None
         if state is None or state != kept.state:
             return None
+    body = kept.content()
+    if body is None:  # the body's entry is gone (or made again): the handler answers
+        return None
     portal.cache.replays.hits += 1
-    return kept
+    return kept, body
 
 
 def _warn_once(portal: Portal, path: str) -> None:
@@ -155,9 +161,10 @@ class FastLane:
             who = await _reader(scope, portal)
             kept = None if who is None else await replay_kept(scope, portal, who)
         if kept is not None:
-            await send({"type": "http.response.start", "status": kept.status,
-                        "headers": kept.headers})
-            await send({"type": "http.response.body", "body": kept.body})
+            answer, body = kept
+            await send({"type": "http.response.start", "status": answer.status,
+                        "headers": answer.headers})
+            await send({"type": "http.response.body", "body": body})
             return
         holder = Declaration()
         scope[SCOPE_KEY] = holder
@@ -184,8 +191,10 @@ class FastLane:
         if any(k.lower() == b"set-cookie" for k, _ in start.get("headers", [])):
             return
         if holder.set and complete and status in (200, 304) and holder.scope is not None:
+            body = b"".join(parts)  # one part: that very object, no copy
+            source = None if holder.body is None else source_of(*holder.body, body)
             portal.cache.replays.put(
                 (holder.scope, *target, inm),
-                Kept(holder.state, holder.at, int(status),
-                     list(start.get("headers", [])), b"".join(parts)),
+                Kept(holder.state, holder.at, int(status), list(start.get("headers", [])),
+                     b"" if source is not None else body, source=source),
             )

@@ -1,7 +1,13 @@
 """What the fast lane (:mod:`web.fastlane`) keeps and how it checks it: the handlers'
-declarations (:func:`declare`), the kept answer (:class:`Kept`, in the ``replays`` region
-of the portal's one cache, :mod:`web.cache`) and the visibility probe in the event loop
-(:class:`AsyncProbe`, shared by concurrent requests).
+declarations (:func:`declare`, :func:`body_kept`), the kept answer (:class:`Kept`, in the
+``replays`` region of the portal's one cache, :mod:`web.cache`) and the visibility probe
+in the event loop (:class:`AsyncProbe`, shared by concurrent requests).
+
+A body is kept once: an answer whose handler kept its body in a region of the cache
+(:func:`body_kept`: the API's bodies under their tag in ``pages``, the ``/sla`` figures in
+``figures``) is kept in ``replays`` as its status, headers and state, with a reference
+to that very entry; only a body kept nowhere else (a 304's, the public key's) is held in
+``replays`` itself.
 
 Kept apart from the middleware so that the portal's context (:mod:`web.portal`) and the
 routers can use them without importing the request dependencies.
@@ -12,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from web.db import ListState, LogState, probe_state, probe_statement, scope_settings
 
@@ -23,8 +29,10 @@ if TYPE_CHECKING:
     from fastapi import Request
 
     from web.accounts import Principal
+    from web.cache import Cache
 
 State = LogState | ListState
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -44,6 +52,8 @@ class Declaration:
     state: State | None = None
     at: datetime | None = None
     set: bool = False
+    #: Where the handler kept the answer's body (:func:`body_kept`): region and key.
+    body: tuple[Cache, Hashable] | None = None
 
 
 def declare(
@@ -70,9 +80,55 @@ def declare(
         holder.set = True
 
 
+def body_kept(
+    request: Request,
+    region: Cache,
+    key: Hashable,
+    make: Callable[[], T],
+    keep: Callable[[T], bool] | None = None,
+) -> T:
+    """``region.get_or_make(key, make, keep=keep)`` (:meth:`web.cache.Cache.get_or_make`),
+    for a value that is the answer's body or a tuple holding it: the fast lane then
+    keeps the answer with a reference to that entry instead of a second copy of the body
+    (:class:`Kept`).  It checks that the body it sent is that very value, and at every
+    replay that the entry is still the one it saw; else it holds the body itself, or
+    lets the handler answer."""
+    value = region.get_or_make(key, make, keep=keep)
+    holder = request.scope.get(SCOPE_KEY)
+    if isinstance(holder, Declaration):
+        holder.body = (region, key)
+    return value
+
+
+#: Where a kept answer's body is: (region, key, the entry's serial number, the index of
+#: the body in the entry's tuple, or None: the entry's value is the body).
+Source = tuple["Cache", Hashable, int, int | None]
+
+
+def source_of(region: Cache, key: Hashable, body: bytes) -> Source | None:
+    """A reference to the entry of ``region`` under ``key`` when its value is the very
+    object ``body`` or a tuple holding it; None when it is not kept there (the caller
+    then holds the body itself)."""
+    stamped = region.stamped(key)
+    if stamped is None or not body:
+        return None
+    serial, value = stamped
+    if value is body:
+        return (region, key, serial, None)
+    if isinstance(value, tuple):
+        for i, v in enumerate(value):
+            if v is body:
+                return (region, key, serial, i)
+    return None
+
+
 @dataclass(slots=True)
 class Kept:
-    """One kept answer and what it was made of."""
+    """One kept answer and what it was made of.
+
+    ``source``: where its body is kept (:func:`source_of`; ``body`` is then empty and
+    only the status and headers weigh); None: ``body`` is the body.
+    """
 
     state: State | None
     at: datetime | None
@@ -80,9 +136,23 @@ class Kept:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     size: int = field(init=False)
+    source: Source | None = None
 
     def __post_init__(self) -> None:
         self.size = len(self.body) + sum(len(k) + len(v) for k, v in self.headers) + 64
+
+    def content(self) -> bytes | None:
+        """The body to send: its own, or the value of the entry it refers to while that
+        entry is the very one it was kept with (same serial number); None when that
+        entry is gone or was made again (the handler answers)."""
+        if self.source is None:
+            return self.body
+        region, key, serial, part = self.source
+        stamped = region.stamped(key)
+        if stamped is None or stamped[0] != serial:
+            return None
+        value = stamped[1] if part is None else stamped[1][part]
+        return value if isinstance(value, bytes) else None
 
 
 _Key = tuple[str, str, str | None]

@@ -14,9 +14,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.amendments import InForce, contract_in_force
@@ -24,18 +23,12 @@ from billing.incidents import Incident, group_incidents
 from billing.labels import CLASS_ORDER, cause_label, class_label, outcome_label, status_label
 from billing.verdict import format_number, format_seconds
 from billing.years import year_of
+from ledger import checkpoints as ledger_checkpoints
+from ledger import contracts as ledger_contracts
+from ledger import journal, projections
 from ledger.cadence import CHECKPOINT_EVERY, describe_interval
-from ledger.contracts import get_contract
+from ledger.contracts import TenantScope, get_contract
 from ledger.errors import LedgerError, UnknownContract, UnknownEntry
-from ledger.models import (
-    Checkpoint,
-    Contract,
-    Exclusion,
-    Failure,
-    JournalEntry,
-    LedgerLog,
-    Outcome,
-)
 from ledger.records import ContractSpec
 from web import billing_bridge
 from web.accounts import Principal
@@ -49,6 +42,9 @@ from web.views import (
     refresh_year_view,
 )
 
+if TYPE_CHECKING:
+    from ledger.models import Checkpoint, Contract, Failure
+
 STATUSES = (
     "resolved", "unresolved", "rolled_back", "failed", "pending", "excluded", "not_covered",
 )
@@ -58,18 +54,17 @@ CLASSES = CLASS_ORDER
 MAX_PER_PAGE = 200
 
 
-def _mine(principal: Principal, query: Any, customer_column: Any) -> Any:
+def tenant(principal: Principal) -> TenantScope:
+    """The tenant scope of ``principal``'s reads: staff see every customer, anyone else
+    only their own customer (and nothing when bound to none)."""
     if principal.is_staff:
-        return query
-    if not principal.customer:
-        return query.where(False)
-    return query.where(customer_column == principal.customer)
+        return TenantScope(everyone=True)
+    return TenantScope(customer=principal.customer or "")
 
 
 def visible_contracts(session: Session, principal: Principal) -> list[Contract]:
     """The contracts the caller may see, by id."""
-    q = _mine(principal, select(Contract).order_by(Contract.contract_id), Contract.customer)
-    return list(session.execute(q).scalars())
+    return ledger_contracts.visible_contracts(session, tenant(principal))
 
 
 def contract_page(
@@ -77,16 +72,7 @@ def contract_page(
 ) -> list[tuple[str, int]]:
     """The first ``limit`` contracts the caller may see with an id after ``after`` (all
     when None), by id, each with its log size (keyset pagination)."""
-    q = (
-        select(Contract.contract_id, LedgerLog.size)
-        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
-        .order_by(Contract.contract_id)
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(Contract.contract_id > after)
-    q = _mine(principal, q, Contract.customer)
-    return [(str(cid), int(size or 0)) for cid, size in session.execute(q)]
+    return ledger_contracts.contract_page(session, tenant(principal), after, limit)
 
 
 def visible_size(session: Session, principal: Principal, contract_id: str) -> int:
@@ -94,17 +80,10 @@ def visible_size(session: Session, principal: Principal, contract_id: str) -> in
 
     One indexed query, the same whether the contract is another customer's or missing.
     """
-    q = _mine(
-        principal,
-        select(Contract.contract_id, LedgerLog.size)
-        .outerjoin(LedgerLog, LedgerLog.log_id == Contract.contract_id)
-        .where(Contract.contract_id == contract_id),
-        Contract.customer,
-    )
-    row = session.execute(q).first()
-    if row is None:
+    size = ledger_contracts.visible_log_size(session, tenant(principal), contract_id)
+    if size is None:
         raise NotFound()
-    return int(row[1] or 0)
+    return size
 
 
 def contract_for(
@@ -405,12 +384,7 @@ def failures_after(
 
 def latest_signed(session: Session, contract_id: str) -> int:
     """The tree size of the contract log's latest signed checkpoint (0: none)."""
-    from sqlalchemy import func
-
-    size = session.execute(
-        select(func.max(Checkpoint.tree_size)).where(Checkpoint.log_id == contract_id)
-    ).scalar_one_or_none()
-    return int(size or 0)
+    return ledger_checkpoints.latest_signed_size(session, contract_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,9 +434,7 @@ def failure_detail(
     """A failure of a contract the caller may see, with everything recorded about it."""
     contract = contract_for(session, principal, contract_id, cache)
     fid = _uuid(event_id)
-    failure = session.execute(
-        select(Failure).where(Failure.event_id == fid, Failure.contract_id == contract_id)
-    ).scalar_one_or_none()
+    failure = projections.failure_of(session, contract_id, fid)
     if failure is None:
         raise NotFound()
     items = [
@@ -483,12 +455,7 @@ def failure_detail(
             "bad",
         )
     ]
-    outcomes = session.execute(
-        select(Outcome)
-        .where(Outcome.failure_event_id == fid, Outcome.contract_id == contract_id)
-        .order_by(Outcome.occurred_at, Outcome.seq)
-    ).scalars()
-    for n, o in enumerate(outcomes):
+    for n, o in enumerate(projections.outcomes_of_failure(session, contract_id, fid)):
         items.append(
             TimelineItem(
                 "outcome",
@@ -505,12 +472,7 @@ def failure_detail(
                 _OUTCOME_TONES.get(o.outcome, ""),
             )
         )
-    exclusions = session.execute(
-        select(Exclusion)
-        .where(Exclusion.failure_event_id == fid, Exclusion.contract_id == contract_id)
-        .order_by(Exclusion.occurred_at, Exclusion.seq)
-    ).scalars()
-    for x in exclusions:
+    for x in projections.exclusions_of_failure(session, contract_id, fid):
         items.append(
             TimelineItem(
                 "exclusion",
@@ -542,17 +504,13 @@ def failure_summaries(session: Session, event_ids: Sequence[str]) -> dict[str, d
     if not ids:
         return {}
     out: dict[str, dict[str, Any]] = {}
-    for f in session.execute(select(Failure).where(Failure.event_id.in_(ids))).scalars():
+    for f in projections.failures_with_ids(session, ids):
         out[str(f.event_id)] = {
             "failure_class": f.failure_class, "cause": f.cause, "occurred_at": f.occurred_at,
             "job_id": f.job_id, "outcome": None, "lost_steps": None, "recovery_seconds": None,
         }
-    outcomes = session.execute(
-        select(Outcome)
-        .where(Outcome.failure_event_id.in_(ids))
-        .order_by(Outcome.occurred_at, Outcome.seq)
-    ).scalars()
-    for o in outcomes:  # the latest (time, then ledger order) wins, as in the figures
+    # the latest (time, then ledger order) wins, as in the figures
+    for o in projections.outcomes_of_failures(session, ids):
         item = out.get(str(o.failure_event_id))
         if item is not None:
             item.update(outcome=o.outcome, lost_steps=o.lost_steps,
@@ -577,10 +535,7 @@ def entry_proof(
 
     contract_for(session, principal, contract_id)
     eid = _uuid(event_id)
-    log_id = session.execute(
-        select(JournalEntry.log_id).where(JournalEntry.event_id == eid)
-    ).scalar_one_or_none()
-    if log_id != contract_id:
+    if journal.log_of_entry(session, eid) != contract_id:
         raise NotFound()
     try:
         return inclusion_bundle(session, str(eid))
@@ -605,16 +560,7 @@ def checkpoints(
     """The signed checkpoints of a contract's log, newest (largest) first; ``below``:
     only those smaller than that tree size; ``limit``: the first ones (keyset)."""
     contract_for(session, principal, contract_id)
-    q = (
-        select(Checkpoint)
-        .where(Checkpoint.log_id == contract_id)
-        .order_by(Checkpoint.tree_size.desc())
-    )
-    if below is not None:
-        q = q.where(Checkpoint.tree_size < below)
-    if limit is not None:
-        q = q.limit(limit)
-    return list(session.execute(q).scalars())
+    return ledger_checkpoints.newest_first(session, contract_id, below=below, limit=limit)
 
 
 def consistency(

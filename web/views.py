@@ -14,7 +14,6 @@ from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing import sla
@@ -22,7 +21,7 @@ from billing.services import load_period
 from billing.terms import Terms
 from billing.verdict import Standing, Verdict, rate_percent, verdict
 from billing.years import contract_year_bounds, month_bounds
-from ledger.models import LedgerLog
+from ledger.journal import log_size
 from ledger.records import ContractSpec
 
 
@@ -75,14 +74,6 @@ class YearView:
     def causes(self) -> list[str]:
         """Causes that occur this year, sorted (computed once, with the view)."""
         return list(self.cause_list)
-
-
-def log_size(session: Session, contract_id: str) -> int:
-    """The size of the contract's log (0 when empty); what invalidates cached views."""
-    size = session.execute(
-        select(LedgerLog.size).where(LedgerLog.log_id == contract_id)
-    ).scalar_one_or_none()
-    return int(size or 0)
 
 
 def _months(start: datetime, end: datetime, tz: str) -> list[tuple[str, datetime, datetime]]:

@@ -302,6 +302,54 @@ def test_path_variants_and_headers_are_answered_as_their_handler_would(
         handlers.status_code, handlers.headers.raw, handlers.content)
 
 
+def _copies(cache: Any, body: bytes) -> int:
+    """How many times ``body`` is held across the regions of answers (a value that is
+    the body, or a tuple holding it; a replay's own body)."""
+    n = 0
+    for region in (cache.pages, cache.figures):
+        for key in region.kept():
+            value = region.get(key)
+            parts = value if isinstance(value, tuple) else (value,)
+            n += sum(1 for v in parts if v == body)
+    for key in cache.replays.kept():
+        n += cache.replays.get(key).body == body
+    return n
+
+
+def test_an_api_body_is_kept_once_and_the_replay_serves_the_handlers_entry(
+    clients, cache_app, seeded, seed
+) -> None:
+    cache = cache_app.state.portal.cache
+    api = clients()
+    acme = _bearer(_read_token(seeded, "Acme AI"))
+    for u in _urls(seed):
+        cache.clear()
+        first = api.get(u, headers=acme)
+        assert first.status_code == 200 and first.content, u
+        assert _copies(cache, first.content) == 1, u
+        # The replay's answer: status and headers, and a reference to that entry.
+        (key,) = cache.replays.kept()
+        kept = cache.replays.get(key)
+        assert kept.body == b"" and kept.source is not None, u
+        # ...which weighs its status line and headers only: the body is not counted twice.
+        head = sum(len(k) + len(v) for k, v in kept.headers) + 64
+        assert cache.replays.weight == kept.size == head, u
+        hits = cache.replays.hits
+        again = api.get(u, headers=acme)
+        assert cache.replays.hits == hits + 1, u  # replayed, from the handler's entry
+        assert (again.status_code, again.headers.raw, again.content) == (
+            first.status_code, first.headers.raw, first.content), u
+        # The body falls out of its region: the replay does not answer without it, the
+        # handler does (the same bytes), and the body is again kept once.
+        cache.pages.clear()
+        cache.figures.clear()
+        third = api.get(u, headers=acme)
+        assert cache.replays.hits == hits + 1, u
+        assert (third.status_code, third.headers.raw, third.content) == (
+            first.status_code, first.headers.raw, first.content), u
+        assert _copies(cache, first.content) == 1, u
+
+
 # --------------------------------------------------------------------------- the store
 
 
@@ -370,3 +418,22 @@ def test_each_key_is_made_once_at_a_time_and_only_fresh_values_are_served() -> N
             break
         time.sleep(0.01)
     assert cache.get("n") is None
+
+
+def test_a_made_value_the_key_does_not_name_is_not_kept_and_serials_tell_values_apart(
+) -> None:
+    from web.cache import Cache
+
+    cache = Cache(10)
+    # ``keep`` false: returned, not kept (never, even for a moment, under that key).
+    assert cache.get_or_make("k", lambda: (2, b"x"), keep=lambda v: v[0] == 1) == (2, b"x")
+    assert cache.get("k") is None and cache.misses == 1
+    assert cache.get_or_make("k", lambda: (1, b"y"), keep=lambda v: v[0] == 1) == (1, b"y")
+    stamped = cache.stamped("k")
+    assert stamped is not None and stamped[1] == (1, b"y")
+    # The same key made again (after it fell out) is another entry: a new serial.
+    cache.forget("k")
+    cache.put("k", (1, b"y"))
+    again = cache.stamped("k")
+    assert again is not None and again[1] == stamped[1] and again[0] != stamped[0]
+    assert cache.stamped("nothing") is None and cache.weight == 1

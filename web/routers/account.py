@@ -26,7 +26,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from ledger.models import Contract
+from ledger.contracts import contract_ids_of
 from web.accounts import Principal, create_tenant_token, revoke_tenant_token, tenant_tokens
 from web.deps import CsrfDep, PortalDep, UserDep
 from web.errors import Invalid, NotFound
@@ -48,7 +48,6 @@ AdminDep = Annotated[Principal, Depends(customer_admin)]
 
 def _page(request: Request, portal: Portal, admin: Principal, *, created: object = None,
           revoked: str | None = None, status_code: int = 200) -> Response:
-    from sqlalchemy import select
 
     customer = admin.customer or ""
     with portal.db.write() as db:
@@ -58,10 +57,7 @@ def _page(request: Request, portal: Portal, admin: Principal, *, created: object
              "revoked_at": t.revoked_at}
             for t in tenant_tokens(db, customer)
         ]
-        contracts = list(db.execute(
-            select(Contract.contract_id).where(Contract.customer == customer)
-            .order_by(Contract.contract_id)
-        ).scalars())
+        contracts = contract_ids_of(db, customer)
     response = page(
         request, "tokens.html",
         {"tokens": tokens, "contracts": contracts, "created": created, "revoked": revoked,

@@ -26,7 +26,7 @@ from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
-from web.replay import declare
+from web.replay import body_kept, declare
 from web.schemas import CONDITIONAL, CheckpointOut, ErrorBody
 
 router = APIRouter(prefix="/api/v1", tags=["proofs"], responses=CONDITIONAL)
@@ -107,7 +107,7 @@ def _list_checkpoints(
 
     # Kept under its tag: once a newer head is signed or a cosignature stored, every
     # probe sees it, so the tag (and the key) differ and this body is not served again.
-    body, nxt = portal.cache.pages.get_or_make(("api-body", etag), render)
+    body, nxt = body_kept(request, portal.cache.pages, ("api-body", etag), render)
     return json_answer(request, etag, body, link_headers(request, nxt))
 
 
@@ -148,7 +148,8 @@ def _get_consistency(
             bundle = services.consistency(db, reader, contract_id, size1, size2)
         return bytes(JSONResponse(jsonable_encoder(bundle)).body)
 
-    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag,
+                       body_kept(request, portal.cache.pages, ("api-body", etag), render))
 
 
 @router.get(

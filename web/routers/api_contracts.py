@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from billing.services import current_year, sla_figures
+from ledger.journal import log_size
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.cache import scope_key, view_stamp
@@ -21,7 +22,7 @@ from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.paging import DEFAULT_LIMIT, PAGED_HEADERS, CursorQ, LimitQ, link_headers
 from web.portal import Portal
-from web.replay import declare
+from web.replay import body_kept, declare
 from web.schemas import (
     CONDITIONAL,
     ERRORS,
@@ -31,7 +32,6 @@ from web.schemas import (
     figures_out,
     month_out,
 )
-from web.views import log_size
 
 router = APIRouter(prefix="/api/v1", tags=["contracts"], responses=ERRORS)
 
@@ -109,7 +109,7 @@ def _list_contracts(
         if client_has(request, etag):
             return not_modified(etag, links)
         # The tag names everything the body is made of: the body is kept under it.
-        body = portal.cache.pages.get_or_make(("api-body", etag), lambda: _json(
+        body = body_kept(request, portal.cache.pages, ("api-body", etag), lambda: _json(
             [_contract_out(services.contract_for(db, reader, cid), at) for cid, _ in rows]))
     return json_answer(request, etag, body, links)
 
@@ -136,7 +136,8 @@ def _get_contract(
         with portal.db.read(reader) as db:
             return _json(_contract_out(services.contract_for(db, reader, contract_id), at))
 
-    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag,
+                       body_kept(request, portal.cache.pages, ("api-body", etag), render))
 
 
 @router.get("/contracts/{contract_id}/sla", response_model=SlaOut, responses=CONDITIONAL)
@@ -200,9 +201,10 @@ def _get_sla(
             etag = portal.etag("sla", scope_key(reader), contract_id, year, month,
                                state.size, prev_at)
             return json_answer(request, etag, body)
-    size, body = portal.cache.figures.get_or_make(key, compute)
+    # Kept only when of the size the key names (the log may grow meanwhile).
+    size, body = body_kept(request, portal.cache.figures, key, compute,
+                           keep=lambda made: made[0] == state.size)
     if size != state.size:  # the log grew meanwhile: not what the key says
-        portal.cache.figures.forget(key)
         etag = tag(size)
     else:
         _computed_at(portal, base, at)
@@ -291,7 +293,7 @@ def _get_year(
         return bytes(JSONResponse(out.model_dump(mode="json")).body)
 
     key = ("api-year", scope_key(reader), *view_stamp(view))
-    body = portal.cache.pages.get_or_make(key, render)
+    body = body_kept(request, portal.cache.pages, key, render)
     if view.log_size == state.size and view.now == at:  # not a view kept from before
         declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body)
@@ -354,5 +356,5 @@ def _get_credits(
         return _json(rows), nxt
 
     # Credits are entries of the contract's log: the tag (its size) names the body.
-    body, nxt = portal.cache.pages.get_or_make(("api-body", etag), render)
+    body, nxt = body_kept(request, portal.cache.pages, ("api-body", etag), render)
     return json_answer(request, etag, body, link_headers(request, nxt))

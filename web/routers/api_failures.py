@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ledger.journal import log_size
 from web import services
 from web.accounts import Principal
 from web.cache import scope_key, view_stamp
@@ -18,7 +19,7 @@ from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.paging import PAGED_HEADERS, CursorQ, link_headers, next_url
 from web.portal import Portal
-from web.replay import declare
+from web.replay import body_kept, declare
 from web.routers.api_contracts import MONTH_PATTERN
 from web.schemas import (
     CONDITIONAL,
@@ -28,7 +29,6 @@ from web.schemas import (
     TimelineOut,
     failure_out,
 )
-from web.views import log_size
 
 router = APIRouter(prefix="/api/v1", tags=["failures"], responses=ERRORS)
 
@@ -131,7 +131,7 @@ def _list_failures(
         return bytes(JSONResponse(out.model_dump(mode="json")).body), nxt
 
     key = ("api-failures", scope_key(reader), *view_stamp(view), query)
-    body, nxt = portal.cache.pages.get_or_make(key, render)
+    body, nxt = body_kept(request, portal.cache.pages, key, render)
     if view.log_size == state.size and view.now == at:  # not a view kept from before
         declare(request, reader, state, at)
     return json_answer(request, tag(view.log_size, view.now), body, link_headers(request, nxt))
@@ -170,11 +170,12 @@ def _get_failure(
             out = _detail_out(d)
         return size, bytes(JSONResponse(out.model_dump(mode="json")).body)
 
-    # Kept under its tag (the scope, the failure and the log size name the body).
+    # Kept under its tag (the scope, the failure and the log size name the body), when
+    # of that size.
     key = ("api-body", etag)
-    size, body = portal.cache.pages.get_or_make(key, render)
+    size, body = body_kept(request, portal.cache.pages, key, render,
+                           keep=lambda made: made[0] == state.size)
     if size != state.size:  # the log grew meanwhile: not what the tag says
-        portal.cache.pages.forget(key)
         etag = portal.etag("api-failure", scope_key(reader), contract_id, event_id, size)
     else:
         declare(request, reader, state, None)
@@ -252,9 +253,9 @@ def _get_proof(
         return signed, bytes(JSONResponse(bundle).body)
 
     key = ("api-body", etag)
-    signed, body = portal.cache.pages.get_or_make(key, render)
+    signed, body = body_kept(request, portal.cache.pages, key, render,
+                             keep=lambda made: made[0] == state.signed)
     if signed != state.signed:  # signed meanwhile: not what the tag says
-        portal.cache.pages.forget(key)
         etag = portal.etag("api-proof", scope_key(reader), contract_id, event_id,
                            (signed, state.cosigned))
     else:

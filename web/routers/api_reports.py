@@ -28,7 +28,7 @@ from web.deps import PortalDep, ReaderDep
 from web.errors import NotFound
 from web.portal import Portal
 from web.render import attachment
-from web.replay import declare
+from web.replay import body_kept, declare
 from web.routers.reports import download_name, evidence_download, issued_headers
 from web.schemas import CONDITIONAL, IssuedReportOut
 
@@ -92,7 +92,8 @@ def _list_reports(
             docs = ri.list_issued(db, contract_id, None)
         return bytes(JSONResponse(jsonable_encoder([issued_out(d) for d in docs])).body)
 
-    return json_answer(request, etag, portal.cache.pages.get_or_make(("api-body", etag), render))
+    return json_answer(request, etag,
+                       body_kept(request, portal.cache.pages, ("api-body", etag), render))
 
 
 @router.get(

@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -43,12 +42,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
-from sqlalchemy import func, select, text
 from starlette.concurrency import run_in_threadpool
 
 from billing.money import credit_minor_units, from_minor_units
 from billing.services import current_year
-from ledger.models import Checkpoint, LedgerLog
+from ledger.checkpoints import latest_signed_times
+from ledger.journal import log_sizes
+from ledger.projections import outcome_counts, recovery_histograms
 from web import billing_bridge, services
 from web.accounts import Principal
 from web.cache import view_stamp
@@ -168,17 +168,8 @@ class _Snapshot(Collector):
         with portal.db.read(reader) as db:
             contracts = [c.contract_id for c in services.visible_contracts(db, reader)
                          if only is None or c.contract_id in only]
-            sizes = {
-                log_id: int(size)
-                for log_id, size in db.execute(select(LedgerLog.log_id, LedgerLog.size))
-            }
-            signed = dict(
-                db.execute(
-                    select(Checkpoint.log_id, func.max(Checkpoint.signed_at)).group_by(
-                        Checkpoint.log_id
-                    )
-                ).all()
-            )
+            sizes = log_sizes(db)
+            signed = latest_signed_times(db)
             stamp = tuple((c, sizes.get(c, 0)) for c in contracts)
             recoveries: dict[str, _Recoveries] = portal.cache.pages.get_or_make(
                 ("metrics-recoveries", self.scope.key, stamp), lambda: _recoveries(db)
@@ -209,32 +200,15 @@ def _open_years(
 
 def _recoveries(db: Any) -> dict[str, _Recoveries]:
     """Outcome entries per contract: counts by outcome, and recovery-seconds buckets."""
-    by_outcome: dict[str, list[tuple[str, int]]] = {}
-    for cid, outcome, n in db.execute(
-        text(
-            "SELECT contract_id, outcome, count(*) FROM outcomes "
-            "GROUP BY contract_id, outcome ORDER BY contract_id, outcome"
-        )
-    ):
-        by_outcome.setdefault(cid, []).append((outcome, int(n)))
-    cols = ", ".join(
-        f"count(*) FILTER (WHERE recovery_seconds <= {Decimal(str(b))})"
-        for b in RECOVERY_BUCKETS
-    )
-    out: dict[str, _Recoveries] = {}
-    for row in db.execute(
-        text(
-            f"SELECT contract_id, {cols}, count(*), coalesce(sum(recovery_seconds), 0) "
-            "FROM outcomes GROUP BY contract_id"
-        )
-    ):
-        cid, *counts, total = row
-        out[cid] = _Recoveries(
+    by_outcome = outcome_counts(db)
+    return {
+        cid: _Recoveries(
             by_outcome=tuple(by_outcome.get(cid, [])),
-            buckets=tuple(int(n) for n in counts),
-            total_seconds=float(total),
+            buckets=counts,
+            total_seconds=total,
         )
-    return out
+        for cid, (counts, total) in recovery_histograms(db, RECOVERY_BUCKETS).items()
+    }
 
 
 def _ledger_metrics(

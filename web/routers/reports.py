@@ -18,12 +18,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.witness_policy import WitnessStatus, checkpoint_statuses
-from ledger.checkpoints import latest
-from ledger.models import Checkpoint
+from ledger.checkpoints import at_sizes, latest
 from reports import issued as ri
 from reports.documents import document_of
 from reports.errors import NotIssued
@@ -116,9 +114,7 @@ def _witness_statuses(
     head = latest(db, contract_id)
     if head is not None:
         sizes = sizes | {head.tree_size}
-    cps = list(db.execute(select(Checkpoint).where(
-        Checkpoint.log_id == contract_id, Checkpoint.tree_size.in_(sorted(sizes))
-    ).order_by(Checkpoint.tree_size)).scalars())
+    cps = at_sizes(db, contract_id, sizes)
     statuses = {st.tree_size: st for st in checkpoint_statuses(db, contract_id, cps)}
     if not any(st.policy is not None for st in statuses.values()):
         return {}, None
