@@ -55,11 +55,15 @@ from runtime.coordinator import (
     blame,
     blame_due,
     blame_quiet_s,
+    checkpoint_step_next,
     death_detected_at,
     death_record_due,
     describe_death,
+    hang_deadline_for,
+    hang_hosts_heard,
     hang_phase,
     hang_quiet_s,
+    hang_undecided,
     hang_verdict,
     joined_note,
     joins_incident,
@@ -147,13 +151,15 @@ class LaunchConfig:
     store_poll_interval_s: float = 0.02
     fault_grace_s: float = 0.5
     # Step watchdog: a job whose committed step has not advanced for
-    # max(hang_floor_s, hang_factor x p99 of the recent step times) is hung (before
-    # MIN_STEP_SAMPLES steps were seen: max(hang_floor_s, hang_startup_s)); the ranks
-    # that stopped beating while their peers wait for them are fenced (cause ``hang``).
-    # The floor keeps a loaded machine's hiccups (seconds on 2 busy cores) and a rank
-    # legitimately slow for a few steps from being fenced (runtime.detection).
-    hang_floor_s: float = 3.0
-    hang_factor: float = 4.0
+    # max(hang_floor_s, hang_factor x the longest of the recent step times) is hung
+    # (until MIN_STEP_SAMPLES steps were seen after the warm-up: max(hang_floor_s,
+    # hang_startup_s)); the ranks that stopped beating while their peers wait for them
+    # are fenced (cause ``hang``). The deadline follows what this job's steps have
+    # shown (a loaded machine's hiccups, a checkpoint step in the window make it longer);
+    # the floor is the least a step may stall for scheduler noise alone. See
+    # runtime.detection and docs/runtime.md ("Hung worker").
+    hang_floor_s: float = 0.4
+    hang_factor: float = 2.0
     hang_startup_s: float = 3.0
     # Stopped ranks (and frozen hosts on this machine): a member that /proc shows
     # stopped (state T/t) on every look for half of max(0.25 s, this x steady step),
@@ -703,8 +709,10 @@ class Supervisor:
             self._handle_moves()
             if self.loans is not None:
                 self._handle_loans(now)
-            self._handle_watchdog(now)
+            # Progress first: a commit this loop was late to read (the supervisor itself
+            # descheduled on a loaded machine) is not a stall of the job.
             self._handle_progress()
+            self._handle_watchdog(now)
             self._handle_checkpoint_errors()
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
@@ -1176,9 +1184,9 @@ class Supervisor:
 
     def hang_deadline(self) -> float:
         """Seconds without a committed step after which the job counts as hung:
-        ``max(hang_floor_s, hang_factor x p99 of the recent steps)`` as this supervisor
+        ``max(hang_floor_s, hang_factor x the longest recent step)`` as this supervisor
         saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
-        hang_startup_s)`` until enough steps were seen."""
+        hang_startup_s)`` until enough steps were seen after the warm-up."""
         return self.step_times.deadline(floor_s=self.cfg.hang_floor_s,
                                         factor=self.cfg.hang_factor,
                                         startup_s=self.cfg.hang_startup_s)
@@ -1208,8 +1216,9 @@ class Supervisor:
 
     def _handle_watchdog(self, now: float) -> None:
         """The step watchdog: the decisions are runtime.coordinator's (stalled_for, the
-        stopped-rank rule, hang_phase / hang_verdict); this reads /proc and the beats
-        when they ask, and fences."""
+        stopped-rank rule, hang_phase / hang_verdict / hang_undecided, the hosts heard
+        from, the deadline at the job's end); this reads /proc, the beats and the
+        finished marks when they ask, and fences."""
         stalled = stalled_for(now, self._advanced_at, recovering=self.recovery.active)
         if stalled is None:
             self._stopped_since.clear()
@@ -1218,19 +1227,31 @@ class Supervisor:
             return  # a host is silent: the node check decides (lost, or we are cut off)
         if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
             return
-        deadline = self.hang_deadline()
+        deadline = hang_deadline_for(
+            self.hang_deadline(), startup_s=self.cfg.hang_startup_s,
+            checkpoint=checkpoint_step_next(self.last_step, self.cfg.checkpoint_every))
         phase = hang_phase(stalled, deadline)
         if phase == HangPhase.EARLY:
             return
-        self._observe_beats()  # from a third of the deadline: who still beats
+        self._observe_beats()  # from a quarter of the deadline: who still beats
         if phase == HangPhase.OBSERVE:
             return
+        ending = any(self.store.check([P.finished_key(s)]) for s in self.members)
+        deadline = hang_deadline_for(deadline, ending=ending,
+                                     startup_s=self.cfg.hang_startup_s)
+        if hang_phase(stalled, deadline) != HangPhase.EXPIRED:
+            return  # a member has ended its loop: the job's end, not a stuck step
         silent = self._silent_members(hang_quiet_s(deadline))
         hung = hang_verdict(silent, len(self.members))
+        if hung and not hang_hosts_heard((self.pool.node_of(s) for s in hung),
+                                         self.pool.node_silences()):
+            return  # a host falling silent: the node check decides, not this one
         if hung:
-            self._fence_hung(list(hung), f"no committed step for {stalled:.1f} s (deadline "
-                                         f"{deadline:.1f} s); its peers were waiting for it")
+            self._fence_hung(list(hung), f"no committed step for {stalled:.2f} s (deadline "
+                                         f"{deadline:.2f} s); its peers were waiting for it")
             return
+        if hang_undecided(stalled, deadline):
+            return  # the silences may not have shown yet: look again at the next poll
         log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which rank "
                     "is stuck; waiting", self.last_step, stalled,
                     "every member is silent" if silent else "every member is waiting")
