@@ -28,7 +28,7 @@ The decisions here:
   machine (:func:`frozen_look_due`, :func:`host_frozen`), the hosts quiet enough to defer
   every blame (:func:`quiet_hosts`), and the hang deadline (:func:`hang_phase`,
   :func:`hang_quiet_s`, :func:`hang_verdict`, :func:`hang_hosts_heard`,
-  :func:`hang_undecided`, :func:`checkpoint_step_next`, :func:`hang_deadline_for`).
+  :func:`hang_undecided`, :func:`hang_deadline_at_end`).
 * **Moves** -- a pre-emptive or planned move waits, is dropped or is made
   (:func:`plan_move`).
 * **The recovery plan** -- live migration or rollback, the members, the spares called in
@@ -338,21 +338,12 @@ def hang_hosts_heard(hosts: Iterable[str | None], silence_s: Mapping[str, float]
     return all(silence_s.get(h, 0.0) < within_s for h in hosts if h is not None)
 
 
-def checkpoint_step_next(last_step: int, every: int) -> bool:
-    """True when the step after the committed ``last_step`` is checkpointed (every
-    ``every`` steps; 0: never): its writer snapshots the state and waits for the previous
-    write before it reports the commit -- a step longer than the others, on it alone."""
-    return every > 0 and (last_step + 1) % every == 0
-
-
-def hang_deadline_for(deadline_s: float, *, startup_s: float, ending: bool = False,
-                      checkpoint: bool = False) -> float:
+def hang_deadline_at_end(deadline_s: float, *, startup_s: float, ending: bool) -> float:
     """The hang deadline of this stall: the adaptive one (``deadline_s``, learnt from
-    steps), or the conservative startup one when the stall is not an ordinary step -- a
-    member has ended its training loop (``ending``: the job's end, a teardown, its last
-    writes), or the step is a checkpoint step (``checkpoint``, see
-    :func:`checkpoint_step_next`)."""
-    return max(deadline_s, startup_s) if ending or checkpoint else deadline_s
+    steps), or at least the conservative startup one once a member has ended its
+    training loop (``ending``: its finished mark is written) -- the stall is then the
+    job's end (a teardown, the last writes), not a step."""
+    return max(deadline_s, startup_s) if ending else deadline_s
 
 
 def hang_undecided(stalled: float, deadline_s: float) -> bool:

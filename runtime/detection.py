@@ -14,7 +14,8 @@ reported and when, the I/O around it is the supervisor's and the agents'):
   coordinator is the one cut off (a partition of its own host) and must blame nobody;
 * :class:`StepTimes` / :func:`adaptive_deadline` -- how long without a committed step
   counts as hung: ``max(floor, factor x the longest recent step)``, once enough steps were
-  seen after the warm-up (before: the conservative startup deadline).
+  seen after the warm-up (before: the conservative startup deadline); checkpoint steps
+  apart, never under the startup deadline (:func:`checkpoint_deadline`).
 """
 
 from __future__ import annotations
@@ -124,27 +125,48 @@ def adaptive_deadline(samples: Iterable[float], *, floor_s: float, factor: float
     return max(floor_s, factor * quantile(xs, q))
 
 
+def checkpoint_deadline(samples: Iterable[float], *, factor: float, startup_s: float
+                        ) -> float:
+    """Seconds without a committed step after which a rank is hung while the step is a
+    checkpoint step (its writer snapshots the state and waits for the previous write):
+    ``max(startup_s, factor x the longest recent checkpoint step)`` -- never less than
+    the conservative startup deadline, however fast the ordinary steps are."""
+    if factor <= 0 or startup_s < 0:
+        raise ValueError("factor must be > 0, startup_s >= 0")
+    return max([startup_s, *(factor * x for x in samples)])
+
+
 class StepTimes:
     """The recent step durations as one party sees them on its own monotonic clock: fed
     ``observe(step, now)`` at each committed step it sees (several steps seen at once
     count as that many steps of the mean duration). The job's first ``warmup`` durations
-    are dropped (see :data:`WARMUP_STEPS`)."""
+    are dropped (see :data:`WARMUP_STEPS`); checkpoint steps (every ``checkpoint_every``
+    steps) are kept apart (:attr:`checkpoint_samples`), so that they neither lengthen
+    the ordinary steps' deadline nor are judged by it."""
 
-    def __init__(self, window: int = STEP_WINDOW, *, warmup: int = WARMUP_STEPS) -> None:
-        if window < 1 or warmup < 0:
-            raise ValueError("window must be >= 1 and warmup >= 0")
+    def __init__(self, window: int = STEP_WINDOW, *, warmup: int = WARMUP_STEPS,
+                 checkpoint_every: int = 0) -> None:
+        if window < 1 or warmup < 0 or checkpoint_every < 0:
+            raise ValueError("window must be >= 1, warmup and checkpoint_every >= 0")
         self.samples: deque[float] = deque(maxlen=window)
+        self.checkpoint_samples: deque[float] = deque(maxlen=window)
         self._last: tuple[int, float] | None = None
         self._warmup = warmup
+        self._every = checkpoint_every
 
     def observe(self, step: int, now: float) -> None:
         """Note that ``step`` is the committed step as of ``now``."""
         if self._last is not None and step > self._last[0]:
             n = step - self._last[0]
-            each = (now - self._last[1]) / n
             skip = min(n, self._warmup)
             self._warmup -= skip
-            self.samples.extend([each] * min(n - skip, self.samples.maxlen or n))
+            if self._every and step // self._every > self._last[0] // self._every:
+                # A checkpoint step among them: the whole gap is one checkpoint sample.
+                if skip < n:
+                    self.checkpoint_samples.append(now - self._last[1])
+            else:
+                each = (now - self._last[1]) / n
+                self.samples.extend([each] * min(n - skip, self.samples.maxlen or n))
         if self._last is None or step != self._last[0]:
             self._last = (step, now)
 
@@ -153,7 +175,16 @@ class StepTimes:
         step); the samples stay."""
         self._last = None
 
-    def deadline(self, *, floor_s: float, factor: float, startup_s: float) -> float:
-        """:func:`adaptive_deadline` over the recent samples."""
+    def checkpoint_next(self, last_step: int) -> bool:
+        """True when the step after the committed ``last_step`` is a checkpoint step."""
+        return bool(self._every) and (last_step + 1) % self._every == 0
+
+    def deadline(self, *, floor_s: float, factor: float, startup_s: float,
+                 checkpoint: bool = False) -> float:
+        """:func:`adaptive_deadline` over the recent samples; for a checkpoint step
+        (``checkpoint``), :func:`checkpoint_deadline` over the recent checkpoint steps."""
+        if checkpoint:
+            return max(floor_s, checkpoint_deadline(self.checkpoint_samples, factor=factor,
+                                                    startup_s=startup_s))
         return adaptive_deadline(self.samples, floor_s=floor_s, factor=factor,
                                  startup_s=startup_s)

@@ -55,11 +55,10 @@ from runtime.coordinator import (
     blame,
     blame_due,
     blame_quiet_s,
-    checkpoint_step_next,
     death_detected_at,
     death_record_due,
     describe_death,
-    hang_deadline_for,
+    hang_deadline_at_end,
     hang_hosts_heard,
     hang_phase,
     hang_quiet_s,
@@ -373,7 +372,7 @@ class Supervisor:
         # Each member's heartbeat as last read, and when it last changed (monotonic).
         self._beats: dict[str, tuple[bytes | None, float]] = {}
         # Recent step durations as this supervisor saw the commits (the adaptive deadline).
-        self.step_times = StepTimes()
+        self.step_times = StepTimes(checkpoint_every=config.checkpoint_every)
         # The disk refusing status.json, and the latest failed checkpoint write.
         self.status_error: str | None = None
         self.checkpoint_error: dict[str, Any] | None = None
@@ -1186,10 +1185,12 @@ class Supervisor:
         """Seconds without a committed step after which the job counts as hung:
         ``max(hang_floor_s, hang_factor x the longest recent step)`` as this supervisor
         saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
-        hang_startup_s)`` until enough steps were seen after the warm-up."""
-        return self.step_times.deadline(floor_s=self.cfg.hang_floor_s,
-                                        factor=self.cfg.hang_factor,
-                                        startup_s=self.cfg.hang_startup_s)
+        hang_startup_s)`` until enough steps were seen after the warm-up; for a checkpoint
+        step, ``max(hang_startup_s, hang_factor x the longest recent checkpoint step)``."""
+        return self.step_times.deadline(
+            floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
+            startup_s=self.cfg.hang_startup_s,
+            checkpoint=self.step_times.checkpoint_next(self.last_step))
 
     def _observe_beats(self) -> None:
         """Note, on this supervisor's monotonic clock, when each member's heartbeat last
@@ -1227,9 +1228,7 @@ class Supervisor:
             return  # a host is silent: the node check decides (lost, or we are cut off)
         if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
             return
-        deadline = hang_deadline_for(
-            self.hang_deadline(), startup_s=self.cfg.hang_startup_s,
-            checkpoint=checkpoint_step_next(self.last_step, self.cfg.checkpoint_every))
+        deadline = self.hang_deadline()
         phase = hang_phase(stalled, deadline)
         if phase == HangPhase.EARLY:
             return
@@ -1237,8 +1236,8 @@ class Supervisor:
         if phase == HangPhase.OBSERVE:
             return
         ending = any(self.store.check([P.finished_key(s)]) for s in self.members)
-        deadline = hang_deadline_for(deadline, ending=ending,
-                                     startup_s=self.cfg.hang_startup_s)
+        deadline = hang_deadline_at_end(deadline, ending=ending,
+                                        startup_s=self.cfg.hang_startup_s)
         if hang_phase(stalled, deadline) != HangPhase.EXPIRED:
             return  # a member has ended its loop: the job's end, not a stuck step
         silent = self._silent_members(hang_quiet_s(deadline))
