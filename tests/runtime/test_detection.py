@@ -107,4 +107,7 @@ def test_step_times_come_from_commits_seen_on_one_clock() -> None:
     st.restart()  # a new generation: the recovery's gap is not a step
     st.observe(14, now + 60.0)
     assert max(st.samples) == pytest.approx(0.3)
-    assert st.deadline(floor_s=0.1, factor=4.0, startup_s=3.0) == pytest.approx(1.2)
+    # Fewer samples than MIN_STEP_SAMPLES: still the startup deadline.
+    assert st.deadline(floor_s=0.1, factor=4.0, startup_s=3.0) == 3.0
+    assert adaptive_deadline([*st.samples] * 3, floor_s=0.1, factor=4.0, startup_s=3.0) \
+        == pytest.approx(1.2)

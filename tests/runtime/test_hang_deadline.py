@@ -73,7 +73,8 @@ def run_watchdog(durations: list[float], *, hang_at: int | None = None,
     for k, d in enumerate(durations, 1):
         commits.append(math.inf if hang_at is not None and k >= hang_at
                        else commits[-1] + d)
-    end = (commits[hang_at - 1] if hang_at is not None else commits[-1]) + extra_s
+    # A healthy job ends at its last commit; a hung one is watched ``extra_s`` more.
+    end = commits[hang_at - 1] + extra_s if hang_at is not None else commits[-1]
 
     def committed(t: float) -> int:
         return bisect.bisect_right(commits, t) - 1
