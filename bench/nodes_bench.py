@@ -1,8 +1,8 @@
 """Benchmarks of the multi-node runtime: node agents on this machine, each a simulated host
 (own name, own process group), the real `yoco run --nnodes` on every host.
 
-    python bench/nodes_bench.py [--section recovery|hang|throughput|scaling|all] [--reps N]
-        [--node-timeout S] [--keep-logs DIR]
+    python bench/nodes_bench.py [--section recovery|hang|worker|throughput|scaling|all]
+        [--reps N] [--node-timeout S] [--keep-logs DIR]
 
 A run that fails (the job fails, never reaches the kill step, a host does not end) keeps
 its folder -- every host's log, the coordinator's run folder and outbox -- and prints
@@ -17,6 +17,10 @@ folder, deleted at the end).
   (detected, plan seen, group formed, state synced, first step) after the kill;
 * hang: host 1's process group is SIGSTOPped; time from the stop to the fence (the
   coordinator's log line) against the steady step time;
+* worker: host 1's worker alone is SIGSTOPped at step 45 with the stopped-rank check off
+  (``--hang-stopped-factor 0``: a hang ``/proc`` cannot see, its agent still beating);
+  time from the stop to the step watchdog's fence (the coordinator's log line) against
+  the steady step time;
 * throughput: mean step time with 3 hosts of agents vs the single-host launcher with 3
   workers, interleaved;
 * scaling: whole-host recovery at 2, 4 and 8 simulated training hosts (+ 1 spare host).
@@ -71,7 +75,8 @@ class Hosts:
     """H simulated hosts running `yoco run --nnodes`."""
 
     def __init__(self, tmp: Path, name: str, *, train: int, spare: int, steps: int,
-                 node_timeout: float, sleep: float = 0.0) -> None:
+                 node_timeout: float, sleep: float = 0.0, extra: tuple[str, ...] = ()
+                 ) -> None:
         self.tmp, self.name = tmp / name, name
         self.tmp.mkdir(parents=True)
         self.sink = self.tmp / "records.jsonl"
@@ -86,7 +91,8 @@ class Hosts:
                  "--node-name", f"host{k}", "--rdzv-endpoint", f"127.0.0.1:{port}",
                  "--job-id", name, "--runs-root", str(self.tmp / "runs"),
                  "--sink", f"jsonl:{self.sink}", "--no-nvml", "--progress-every", "0.2",
-                 "--node-timeout", str(node_timeout), EXAMPLE, *MODEL, "--steps", str(steps),
+                 "--node-timeout", str(node_timeout), *extra, EXAMPLE, *MODEL,
+                 "--steps", str(steps),
                  "--warmup", "5", "--time-file", str(self.time_file),
                  "--step-sleep", str(sleep)],
                 env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)}, stdout=log,
@@ -228,6 +234,39 @@ def hang(tmp: Path, reps: int, node_timeout: float) -> None:
           f"the steady step (goal <= 5); {load()}")
 
 
+def worker(tmp: Path, reps: int, node_timeout: float) -> None:
+    ratios = []
+    for i in range(reps):
+        h = Hosts(tmp, f"worker{i}", train=3, spare=1, steps=80, node_timeout=node_timeout,
+                  extra=("--hang-stopped-factor", "0"))
+        status = h.tmp / "runs" / h.name / "status.json"
+        deadline = time.time() + 300
+        pid = None
+        while pid is None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                st = json.loads(status.read_text())
+                if st["step"] >= 45:
+                    pid = int(st["pids"]["w1"])
+            if time.time() > deadline or h.procs[0].poll() is not None:
+                h.fail("never reached step 45")
+            time.sleep(0.002)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.time()
+        recs = h.finish()
+        log = (h.tmp / "host0.log").read_text()
+        m = re.search(r"^(\S+ \S+) yoco\.runtime\.supervisor w1 is hung", log, re.M)
+        if not m:
+            h.fail("the coordinator's log has no fence of w1 by the step watchdog")
+        detect = _log_ts(m.group(1)) - stopped
+        out = next(r for r in recs if r["kind"] == "outcome")
+        ratios.append(detect / out["step_seconds"])
+        print(f"[nodes/worker]   SIGSTOP of w1 -> fenced {detect * 1e3:.0f} ms; steady step "
+              f"{out['step_seconds'] * 1e3:.0f} ms -> {ratios[-1]:.1f} x")
+        h.done()
+    print(f"[nodes/worker] hung worker (stopped-rank check off): median "
+          f"{statistics.median(ratios):.1f} x the steady step (goal <= 5); {load()}")
+
+
 def throughput(tmp: Path, reps: int, node_timeout: float) -> None:
     agents, single = [], []
     for i in range(reps):
@@ -266,7 +305,7 @@ def scaling(tmp: Path, reps: int, node_timeout: float, hosts: list[int] | None =
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--section", default="all",
-                    choices=["recovery", "hang", "throughput", "scaling", "all"])
+                    choices=["recovery", "hang", "worker", "throughput", "scaling", "all"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--node-timeout", type=float, default=2.0)
     ap.add_argument("--hosts", default="2,4,8", help="scaling: training hosts to measure")
@@ -287,8 +326,8 @@ def main() -> None:
     else:
         tmp = Path(tempfile.mkdtemp(prefix="yoco-nodes-bench-"))
     try:
-        for name, fn in (("recovery", recovery), ("hang", hang), ("throughput", throughput),
-                         ("scaling", scaling)):
+        for name, fn in (("recovery", recovery), ("hang", hang), ("worker", worker),
+                         ("throughput", throughput), ("scaling", scaling)):
             if a.section in ("all", name):
                 fn(tmp, a.reps, a.node_timeout)
     finally:

@@ -412,21 +412,27 @@ def jct(tmp: Path, reps: int) -> None:
     print(f"[jct] runtime recoveries (outcome, lost steps, recovery_seconds): {lost}")
 
 
+#: hang: the step at which the worker is stopped, of HANG_STEPS (late enough for the
+#: adaptive deadline: it adapts after 32 steps seen past a 2-step warm-up).
+HANG_AT, HANG_STEPS = 50, 100
+
+
 def hang(tmp: Path, reps: int) -> None:
-    """SIGSTOP one of 2 workers mid-training; the watchdog fences it. Latency = the
+    """SIGSTOP one of 2 workers at step HANG_AT; the watchdog fences it. Latency = the
     fenced worker's end (SIGKILL, seen in /proc) - the SIGSTOP; against the steady step
     time (the outcome's step_seconds). The defaults (the stopped-rank check: 3 steps,
-    0.25 s floor), then the step deadline alone (the check off) with the default 3 s
-    floor and a 0.5 s one."""
+    0.25 s floor), then the step deadline alone (the check off: a hang /proc cannot see)
+    with its defaults (adaptive) and with the former ones (3 s floor, factor 4)."""
     import json
     import threading
 
-    for label, floor, factor in (("stopped-rank check (default)", 3.0, 3.0),
-                                 ("step deadline only, floor 3.0 s", 3.0, 0.0),
-                                 ("step deadline only, floor 0.5 s", 0.5, 0.0)):
+    for label, kw in (("stopped-rank check (default)", {}),
+                      ("step deadline only, defaults", {"hang_stopped_factor": 0.0}),
+                      ("step deadline only, 3 s floor, factor 4",
+                       {"hang_stopped_factor": 0.0, "hang_floor_s": 3.0, "hang_factor": 4.0})):
         rows = []
         for i in range(reps):
-            name = f"hang-{floor}-{factor}-{i}"
+            name = f"hang-{len(kw)}-{i}"
             run_dir = tmp / name
             stopped: list[tuple[int, float]] = []
 
@@ -435,7 +441,7 @@ def hang(tmp: Path, reps: int) -> None:
                 while True:
                     try:
                         status = json.loads((run_dir / "status.json").read_text())
-                        if status["step"] >= 20:
+                        if status["step"] >= HANG_AT:
                             pid = status["pids"]["w1"]
                             os.kill(pid, signal.SIGSTOP)
                             stopped.append((pid, time.time()))
@@ -454,10 +460,10 @@ def hang(tmp: Path, reps: int) -> None:
                     time.sleep(0.002)
 
             threading.Thread(target=stop, daemon=True).start()
-            cfg = LaunchConfig(script=EXAMPLE, args=[*MLP, "--steps", "80"], workers=2,
-                               spares=1, job_id=name, runs_root=str(tmp), nvml=False,
-                               progress_interval_s=5, env=ENV, hang_floor_s=floor,
-                               hang_stopped_factor=factor)
+            cfg = LaunchConfig(script=EXAMPLE, args=[*MLP, "--steps", str(HANG_STEPS)],
+                               workers=2, spares=1, job_id=name, runs_root=str(tmp),
+                               nvml=False, progress_interval_s=5, env=ENV,
+                               **kw)  # type: ignore[arg-type]
             sink = JsonlFileSink(tmp / f"{name}.jsonl")
             result = launch(cfg, sink)
             for pid, _ in stopped[:1]:

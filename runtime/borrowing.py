@@ -41,8 +41,8 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -51,11 +51,36 @@ import torch.distributed as dist
 from runtime import protocol as P
 from runtime import records as R
 from runtime.errors import ConfigError
-from runtime.recovery import FailureClass, Incident, Outcome, Recovery
+from runtime.loans import (
+    Borrowed,
+    ClaimWait,
+    ClaimWithdraw,
+    CloseLoan,
+    Grow,
+    JobView,
+    Lend,
+    Loan,
+    LoanIdle,
+    RestartDead,
+    StartReplacements,
+    borrow_count,
+    borrowed_host,
+    close_loans,
+    decide_claim,
+    lent_detail,
+    loan_returned,
+    poll_due,
+    widen,
+    widths_seen,
+    withdraw_lost_host,
+)
+from runtime.recovery import Outcome
 
 if TYPE_CHECKING:
     from runtime.nodepool import NodePool
-    from runtime.supervisor import Supervisor
+
+__all__ = ["CAUSE_LENT", "BorrowedHost", "HostRecord", "LoanAction", "Loans", "PoolClient",
+           "lent_detail", "loan_outcome", "parse_endpoint", "serve_pool"]
 
 log = logging.getLogger("yoco.runtime.borrowing")
 
@@ -216,13 +241,6 @@ def serve_pool(port: int, *, stop: Callable[[], bool] = lambda: False) -> None:
 
 
 # ----------------------------------------------------------------- records
-def lent_detail(*, host: str, borrower: str, borrower_priority: int, priority: int,
-                width: int, narrower: int) -> str:
-    """The ``detail`` of a lender's ``node_lent`` failure (class ``planned``)."""
-    return (f"{host} lent to job {borrower} (priority {borrower_priority} > {priority}): "
-            f"data-parallel width {width} -> {narrower} until it comes back")
-
-
 def loan_outcome(*, contract_id: str, failure_event_id: str, seconds: float,
                  step_seconds: float, gpus: int, occurred_at: str | None = None
                  ) -> dict[str, Any]:
@@ -235,67 +253,76 @@ def loan_outcome(*, contract_id: str, failure_event_id: str, seconds: float,
                      gpus_affected=max(gpus, 1), occurred_at=occurred_at)
 
 
+
+
 # ----------------------------------------------------------------- coordinator side
-@dataclass(kw_only=True, slots=True)
-class Loan:
-    """A host of this job lent to another: its failure, the GPUs lent, and once the
-    host is back the processes that will widen the job again."""
+@dataclass(frozen=True, slots=True)
+class BorrowedHost:
+    """A host claimed from another job for the borrower's recovery: start ``count``
+    processes there (the borrower's spares; the node is already in its node pool)."""
 
     host: str
-    borrower: str
-    incident: Incident | None  # None: only spares were on it (the width did not change)
-    gpus: int
-    since: float  # when it was lent (the supervisor's time.monotonic())
-    back: bool = False  # the host has come back
-    replacements: list[str] = field(default_factory=list)
-    grow_gen: int | None = None
+    job: str
+    priority: int
+    count: int
+
+    def describe(self) -> str:
+        """How the failure's detail names it."""
+        return f"{self.host} borrowed from job {self.job} (priority {self.priority})"
+
+
+#: What the supervisor carries out for :meth:`Loans.poll` (see runtime.loans).
+LoanAction = Lend | StartReplacements | RestartDead | Grow | CloseLoan
 
 
 class Loans:
-    """A coordinator's side of the pool, as lender and as borrower (driven by the
-    supervisor: :meth:`poll` in its loop, :meth:`borrow` in a recovery without spares,
-    :meth:`close` at the end)."""
+    """A coordinator's side of the pool, as lender and as borrower: the I/O around the
+    pure decisions of :mod:`runtime.loans` on the pool's side (the pool store, the node
+    pool, the job's store for readiness). It never touches the supervisor: the
+    supervisor drives it -- :meth:`poll` in its loop, :meth:`borrow` in a recovery
+    without spares, :meth:`close` at the end -- and carries out the decisions that
+    concern the job (starting processes, the lender's failure, plans, outcomes), then
+    tells it what came of them (:meth:`lent`, :meth:`started`, :meth:`restarted`)."""
 
-    def __init__(self, sup: Supervisor, *, pool: str, priority: int) -> None:
-        self.sup = sup
-        self.nodes: NodePool = sup.pool  # type: ignore[assignment]
+    def __init__(self, *, store: Any, nodes: NodePool, job_id: str, endpoint: str,
+                 workers: int, spec: dict[str, Any], pool: str, priority: int) -> None:
+        self.store = store
+        self.nodes = nodes
+        self.job_id = job_id
         self.client = PoolClient(pool, timeout_s=POOL_TIMEOUT_S)
         self.priority = priority
-        self.endpoint = f"{sup.cfg.host}:{sup.store.port}"
+        self.endpoint = endpoint
+        self.spec = spec  # what a borrowed host's agent runs: {script, args, python, job}
         self.loans: dict[str, Loan] = {}
         self.mine: list[str] = []
         self.borrowed: list[str] = []  # hosts claimed from other jobs, until they join
         #: The job's data-parallel width over time: {gen, width, from_step} (status.json).
-        self.widths: list[dict[str, int]] = [{"gen": 0, "width": sup.cfg.workers,
-                                               "from_step": 0}]
+        self.widths: list[dict[str, int]] = [{"gen": 0, "width": workers, "from_step": 0}]
         self._pending_widths: dict[int, int] = {}
         self._last_poll = 0.0
-        nnodes = sup.cfg.workers // max(self.nodes.nodes[0].nproc, 1)
+        nnodes = workers // max(self.nodes.nodes[0].nproc, 1)
         for node in self.nodes.nodes[1:]:  # the coordinator's own host is never lent
             self.client.register(HostRecord(
-                name=node.name, job=sup.job_id, priority=priority, endpoint=self.endpoint,
+                name=node.name, job=job_id, priority=priority, endpoint=endpoint,
                 rank=node.rank, role="train" if node.rank < nnodes else "spare",
                 nproc=node.nproc))
             self.mine.append(node.name)
-        log.info("job %s (priority %d) shares hosts %s in the pool at %s", sup.job_id,
+        log.info("job %s (priority %d) shares hosts %s in the pool at %s", job_id,
                  priority, ", ".join(self.mine) or "none", pool)
 
     # ------------------------------------------------------------- as borrower
-    def borrow(self, need: int, inc: Incident) -> list[str]:
-        """Claim hosts of lower-priority jobs for ``need`` processes and start them there
-        (the borrower's spares, not ready yet); the incident's detail will name the
-        hosts. Returns the new slots (fewer than ``need``, or none, if the pool has no
-        host to lend)."""
-        sup = self.sup
-        slots: list[str] = []
-        taken: list[str] = []
-        while len(slots) < need:
+    def borrow(self, need: int) -> list[BorrowedHost]:
+        """Claim hosts of lower-priority jobs for ``need`` processes and add them to the
+        node pool; the caller starts the processes there (its spares, not ready yet) and
+        names the hosts in the failure's detail (:func:`runtime.loans.borrowed_note`).
+        Fewer than ``need`` places, or none, when the pool has no host to lend."""
+        got: list[BorrowedHost] = []
+        placed = 0
+        while placed < need:
             rank = len(self.nodes.nodes)
-            spec = {"script": sup.cfg.script, "args": sup.cfg.args, "python": sup.cfg.python,
-                    "job": sup.job_id}
-            sup.store.set(P.node_job_key(rank), json.dumps(spec))
+            self.store.set(P.node_job_key(rank), json.dumps(self.spec))
             try:
-                rec = self.client.claim(job=sup.job_id, priority=self.priority,
+                rec = self.client.claim(job=self.job_id, priority=self.priority,
                                         endpoint=self.endpoint, rank=rank)
             except (RuntimeError, dist.DistStoreError) as exc:
                 log.warning("cannot borrow: the pool at %s does not answer (%s)",
@@ -305,178 +332,156 @@ class Loans:
                 break
             self.nodes.adopt(rec.name, rank=rank, nproc=rec.nproc)
             self.borrowed.append(rec.name)
-            for _ in range(min(rec.nproc, need - len(slots))):
-                slot = sup._spawn()
-                sup.spares.append(slot)
-                slots.append(slot)
-            taken.append(f"{rec.name} borrowed from job {rec.job} (priority {rec.priority})")
-            log.warning("no spare for %d process(es): %s", need, taken[-1])
-        if taken:
-            inc.note = f"; its ranks moved onto {', '.join(taken)}"
-        return slots
+            count = borrow_count(need, placed, rec.nproc)
+            placed += count
+            got.append(BorrowedHost(host=rec.name, job=rec.job, priority=rec.priority,
+                                    count=count))
+            log.warning("no spare for %d process(es): %s", need, got[-1].describe())
+        return got
 
     # ------------------------------------------------------------- as lender
-    def poll(self) -> None:
-        """Serve claims on this job's hosts, hosts coming back, and the widening after.
-        A pool that does not answer is logged and left alone for a while: the job goes
-        on (no new loan meanwhile; the width comes back with the host, which is told by
-        its agent through the job's own store)."""
-        now = time.monotonic()
-        if now - self._last_poll < POLL_INTERVAL_S:
+    def poll(self, view: Callable[[], JobView], now: float) -> Iterator[LoanAction]:
+        """Serve claims on this job's hosts, hosts coming back, and the widening after:
+        yields each decision that concerns the job, for the caller to carry out before
+        it asks for the next one (``view``: the job as it is then). A pool that does not
+        answer is logged and left alone for a while: the job goes on (no new loan
+        meanwhile; the width comes back with the host, which is told by its agent
+        through the job's own store)."""
+        if not poll_due(now, self._last_poll, POLL_INTERVAL_S):
             return
         self._last_poll = now
         try:
-            self._poll_pool()
+            yield from self._poll_pool(view)
         except (RuntimeError, dist.DistStoreError) as exc:
             log.warning("the pool at %s does not answer (%s): trying again in %.0f s",
                         self.client.endpoint, exc, POOL_RETRY_S)
             self._last_poll = now + POOL_RETRY_S
         for name in self.nodes.take_returned():
             self._returned(name)
-        self._widen()
-        self._note_widths()
+        yield from self._widen(view)
+        self._note_widths(view().gen)
 
-    def _poll_pool(self) -> None:
+    def _poll_pool(self, view: Callable[[], JobView]) -> Iterator[LoanAction]:
         lost = {n.name for n in self.nodes.nodes if n.lost is not None}
         for name in self.mine:
             got = self.client.get(name)
             if got is None:
                 continue
-            if name in lost and not got[1].home_ended:
+            rec = got[1]
+            if withdraw_lost_host(lost=name in lost, home_ended=rec.home_ended):
                 # A lost host can lend nothing: off the pool (a claim on it is withdrawn).
                 self.client.update(name, lambda r: dataclasses.replace(
                     r, home_ended=True, state="home", borrower=None)
                     if r.state != "lent" else None)
-            elif got[1].state == "lending" and name not in self.loans:
-                self._lend(got[1])
+            elif rec.state == "lending" and name not in self.loans \
+                    and rec.borrower is not None:
+                yield from self._claim(view(), rec, rec.borrower)
         for name in list(self.borrowed):
             node = next(n for n in self.nodes.nodes if n.name == name and n.borrowed)
             got = self.client.get(name)
-            if node.joined or node.lost is not None:
+            borrower = got[1].borrower if got is not None else None
+            fate = borrowed_host(joined=node.joined, lost=node.lost is not None,
+                                 borrower_job=borrower.get("job") if borrower else None,
+                                 job=self.job_id)
+            if fate != Borrowed.WAITING:
                 self.borrowed.remove(name)
-            elif got is None or got[1].borrower is None \
-                    or got[1].borrower.get("job") != self.sup.job_id:
-                self.borrowed.remove(name)
+            if fate == Borrowed.WITHDRAWN:
                 self.nodes.lose_unjoined(node, f"node {name}: its owner withdrew the loan")
 
-    def _lend(self, rec: HostRecord) -> None:
-        sup = self.sup
-        if sup.recovery.active or sup.recovery.gen is not None or sup.moving:
-            return  # one membership change at a time: the claim waits for the next poll
-        assert rec.borrower is not None
+    def _claim(self, job: JobView, rec: HostRecord, borrower: dict[str, Any]
+               ) -> Iterator[LoanAction]:
         node = next((n for n in self.nodes.nodes if n.name == rec.name), None)
-        on = [m for m in sup.members if self.nodes.node_of(m) == rec.name]
-        stay = [m for m in sup.members if m not in on]
-        if node is None or node.lost is not None or not stay:
+        decision = decide_claim(
+            job, host=rec.name, borrower=str(borrower["job"]),
+            borrower_priority=int(borrower["priority"]), priority=self.priority,
+            node_of={s: self.nodes.node_of(s) for s in (*job.members, *job.spares)},
+            host_usable=node is not None and node.lost is None)
+        if isinstance(decision, ClaimWait):
+            return  # one membership change at a time: the claim waits for the next poll
+        if isinstance(decision, ClaimWithdraw):
             log.warning("cannot lend %s to job %s (%s): claim withdrawn", rec.name,
-                        rec.borrower["job"], "no member would be left" if not stay
-                        else "the host is lost")
+                        borrower["job"], decision.why)
             self.client.update(rec.name, lambda r: dataclasses.replace(
                 r, state="home", borrower=None) if r.state == "lending" else None)
             return
-        spares_on = [s for s in sup.spares if self.nodes.node_of(s) == rec.name]
-        for s in spares_on:
-            sup.spares.remove(s)
-        sup.retired.update(on + spares_on)
-        inc = None
-        if on:
-            width = len(sup.members)
-            inc = sup._open_incident(
-                FailureClass.PLANNED, CAUSE_LENT, on, sup.last_step,
-                lent_detail(host=rec.name, borrower=str(rec.borrower["job"]),
-                            borrower_priority=int(rec.borrower["priority"]),
-                            priority=self.priority, width=width, narrower=len(stay)))
-            gen = sup.gen + 1
-            sup.recovery = Recovery(gen=gen)  # no incident: the shrink loses nothing
-            self._pending_widths[gen] = len(stay)
-            log.warning("generation %d: %s lent to job %s, members %s", gen, rec.name,
-                        rec.borrower["job"], stay)
-            sup._publish(P.Plan(gen=gen, mode=P.PlanMode.LIVE, members=stay))
-            sup._advanced_at = None  # the step watchdog re-arms at the first step of gen
-        for s in on + spares_on:
+        if decision.gen is not None:
+            self._pending_widths[decision.gen] = len(decision.stay)
+            log.warning("generation %d: %s lent to job %s, members %s", decision.gen,
+                        rec.name, borrower["job"], list(decision.stay))
+        yield decision  # the caller shrinks the job, then calls lent()
+
+    def lent(self, lend: Lend, *, failure_event_id: str | None, since: float) -> None:
+        """``lend`` was carried out by the job (its failure ``failure_event_id`` opened
+        at ``since``, and the narrower plan published, when members left): kill the
+        processes lent away and send the host's agent to the borrower."""
+        for s in (*lend.on, *lend.spares_on):
             self.nodes.kill(s)
-        self.nodes.lend(rec.name, {"op": "lend", "slot": "", "pool": self.client.endpoint})
-        self.loans[rec.name] = Loan(host=rec.name, borrower=rec.borrower["job"], incident=inc,
-                                    gpus=len(on),
-                                    since=inc.detected if inc else time.monotonic())
+        self.nodes.lend(lend.host, {"op": "lend", "slot": "", "pool": self.client.endpoint})
+        self.loans[lend.host] = Loan(host=lend.host, borrower=lend.borrower,
+                                     failure_event_id=failure_event_id, gpus=lend.gpus,
+                                     since=since)
 
     def _returned(self, name: str) -> None:
         loan = self.loans.get(name)
         if loan is None:
             return
         log.warning("%s is back from job %s", name, loan.borrower)
-        if loan.incident is None:
+        back = loan_returned(loan)
+        if back is None:
             del self.loans[name]  # only spares were lent: the supervisor replenishes them
-            return
-        loan.back = True
+        else:
+            self.loans[name] = back
 
-    def _widen(self) -> None:
-        sup = self.sup
-        for name, loan in list(self.loans.items()):
-            if loan.back and not loan.replacements and self.nodes.has_room():
-                # (Room: the exits of the processes lent away are reported first.)
-                loan.replacements = [self.sup._spawn() for _ in range(loan.gpus)]
-            if not loan.replacements:
+    def _widen(self, view: Callable[[], JobView]) -> Iterator[LoanAction]:
+        for name in list(self.loans):
+            loan = self.loans[name]
+            job = view()
+            # The store is read only where the decision can turn on it.
+            growing = loan.grow_gen is not None and job.gen >= loan.grow_gen
+            asks = bool(loan.replacements) and loan.grow_gen is None and not job.busy
+            step = widen(loan, job, room=self.nodes.has_room(),
+                         alive={s: self.nodes.alive(s) for s in loan.replacements},
+                         waiting={s: bool(self.store.check([P.waiting_key(s)]))
+                                  for s in loan.replacements} if asks else {},
+                         gen_ready=growing and bool(self.store.check([P.ready_key(job.gen)])),
+                         now=time.monotonic())
+            if isinstance(step, LoanIdle):
                 continue
-            if loan.grow_gen is None:
-                if sup.recovery.active or sup.recovery.gen is not None or sup.moving:
-                    continue
-                if any(not self.nodes.alive(s) for s in loan.replacements):
-                    # One died before it was called in (no member: nothing was lost):
-                    # start another in its place once there is room.
-                    if self.nodes.has_room():
-                        loan.replacements = [s if self.nodes.alive(s) else self.sup._spawn()
-                                             for s in loan.replacements]
-                    continue
-                if not all(sup.store.check([P.waiting_key(s)]) for s in loan.replacements):
-                    continue
-                members = [*sup.members, *loan.replacements]
-                gen = sup.gen + 1
-                sup.recovery = Recovery(gen=gen)
-                self._pending_widths[gen] = len(members)
-                loan.grow_gen = gen
-                log.warning("generation %d: %s back, width %d -> %d, members %s", gen, name,
-                            len(sup.members), len(members), members)
-                # A move plan: rank 0 sees it at its next step and the members switch at
-                # that step's boundary (a lone member's collectives never wait, so it
-                # would not notice a live plan until its end).
-                sup._publish(P.Plan(gen=gen, mode=P.PlanMode.MOVE, members=members))
-                sup._advanced_at = None  # (as for a recovery: re-armed when it steps)
-            elif sup.gen >= loan.grow_gen and set(loan.replacements) <= set(sup.members) \
-                    and sup.store.check([P.ready_key(sup.gen)]):
-                # Measured by this supervisor alone, on its monotonic clock (as every
-                # recovery_seconds): the first step at full width is seen now.
-                self._close(loan, time.monotonic())
+            if isinstance(step, Grow):
+                self._pending_widths[step.gen] = len(step.members)
+                self.loans[name] = dataclasses.replace(loan, grow_gen=step.gen)
+                log.warning("generation %d: %s back, width %d -> %d, members %s", step.gen,
+                            name, len(job.members), len(step.members), list(step.members))
+            elif isinstance(step, CloseLoan):
                 del self.loans[name]
+            yield step
 
-    def _close(self, loan: Loan, at: float) -> None:
-        sup = self.sup
-        if loan.incident is None:
-            return
-        sup._emit(loan_outcome(contract_id=sup.cfg.contract_id,
-                               failure_event_id=loan.incident.event_id,
-                               seconds=at - loan.since, step_seconds=sup.step_seconds,
-                               gpus=loan.gpus))
+    def started(self, host: str, slots: Sequence[str]) -> None:
+        """The replacements of ``host``'s loan (a :class:`StartReplacements`) started."""
+        self.loans[host] = dataclasses.replace(self.loans[host], replacements=tuple(slots))
 
-    def _note_widths(self) -> None:
-        for gen, width in list(self._pending_widths.items()):
-            if self.sup.store.check([P.ready_key(gen)]):
-                step = int(json.loads(self.sup.store.get(P.ready_key(gen)))["step"]) - 1
-                self.widths.append({"gen": gen, "width": width, "from_step": step})
-                del self._pending_widths[gen]
-            elif self.sup.gen > gen:
-                del self._pending_widths[gen]  # replaced before it ran a step
+    def restarted(self, host: str, new: Mapping[str, str]) -> None:
+        """Replacements of ``host``'s loan started in the place of dead ones (``new``:
+        dead slot -> its replacement; a :class:`RestartDead`)."""
+        loan = self.loans[host]
+        self.loans[host] = dataclasses.replace(
+            loan, replacements=tuple(new.get(s, s) for s in loan.replacements))
 
-    def close(self) -> None:
-        """The job ends: every loan still open gets its outcome (the lent host lost the
-        job nothing but its GPUs for that time), and the pool learns that this job's
-        hosts have no job to come back to."""
-        self._note_widths()
-        now = time.monotonic()
-        for loan in self.loans.values():
-            self._close(loan, now)
+    def _note_widths(self, gen: int) -> None:
+        ready = {g: int(json.loads(self.store.get(P.ready_key(g)))["step"])
+                 for g in self._pending_widths if self.store.check([P.ready_key(g)])}
+        entries, self._pending_widths = widths_seen(self._pending_widths, ready, gen)
+        self.widths.extend(entries)
+
+    def close(self, gen: int, now: float) -> list[CloseLoan]:
+        """The job ends (at generation ``gen``): returns the outcome of every loan still
+        open, for the caller to write, and tells the pool that this job's hosts have no
+        job to come back to."""
+        self._note_widths(gen)
+        outcomes = close_loans(self.loans.values(), now)
         self.loans.clear()
         for name in self.mine:
             with contextlib.suppress(Exception):
                 self.client.update(name, lambda r: dataclasses.replace(r, home_ended=True)
-                                   if r.job == self.sup.job_id else None)
+                                   if r.job == self.job_id else None)
+        return outcomes

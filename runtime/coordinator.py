@@ -27,7 +27,8 @@ The decisions here:
   :func:`note_stopped`, :func:`stopped_to_fence`), its rule for a whole host on this
   machine (:func:`frozen_look_due`, :func:`host_frozen`), the hosts quiet enough to defer
   every blame (:func:`quiet_hosts`), and the hang deadline (:func:`hang_phase`,
-  :func:`hang_quiet_s`, :func:`hang_verdict`).
+  :func:`hang_quiet_s`, :func:`hang_verdict`, :func:`hang_hosts_heard`,
+  :func:`hang_undecided`, :func:`hang_deadline_at_end`).
 * **Moves** -- a pre-emptive or planned move waits, is dropped or is made
   (:func:`plan_move`).
 * **The recovery plan** -- live migration or rollback, the members, the spares called in
@@ -38,11 +39,11 @@ The decisions here:
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from runtime.protocol import PlanMode
+from runtime.protocol import BEAT_INTERVAL_S, NODE_BEAT_INTERVAL_S, PlanMode
 from runtime.recovery import FailureClass, Outcome
 
 #: Deaths this close to an unplanned failure's detection are the same incident (a node,
@@ -285,32 +286,72 @@ def quiet_hosts(silence_s: Mapping[str, float], *, quiet_s: float) -> set[str]:
 class HangPhase(StrEnum):
     """Where a stall stands against the hang deadline (see :func:`hang_phase`)."""
 
-    EARLY = "early"  # under a third of the deadline: nothing to look at
-    OBSERVE = "observe"  # from a third on: note whose heartbeat still changes
+    EARLY = "early"  # under a quarter of the deadline: nothing to look at
+    OBSERVE = "observe"  # from a quarter on: note whose heartbeat still changes
     EXPIRED = "expired"  # past the deadline: decide
 
 
 def hang_phase(stalled: float, deadline_s: float) -> HangPhase:
-    """The phase of a stall of ``stalled`` seconds against the hang deadline."""
-    if stalled < deadline_s / 3:
+    """The phase of a stall of ``stalled`` seconds against the hang deadline. Beats are
+    noted from a quarter of it on, so that by the deadline a stuck member has been seen
+    silent for three quarters of it (at least :func:`hang_quiet_s` once the deadline is
+    the adaptive floor or more)."""
+    if stalled < deadline_s / 4:
         return HangPhase.EARLY
     if stalled < deadline_s:
         return HangPhase.OBSERVE
     return HangPhase.EXPIRED
 
 
+#: The least silence that marks a member as the stuck one: a peer waiting for it writes
+#: its heartbeat every BEAT_INTERVAL_S, so any shorter silence says nothing (with this
+#: margin for the supervisor's 20 ms store poll and a loaded machine's delays).
+HANG_QUIET_MIN_S = 1.5 * BEAT_INTERVAL_S
+
+
 def hang_quiet_s(deadline_s: float) -> float:
     """How long a member must have been silent to be the stuck one when the hang
-    deadline expires: peers waiting for it beat every BEAT_INTERVAL_S; it has been silent
-    about as long as the step has stalled."""
-    return min(deadline_s / 2, 1.0)
+    deadline expires: half the deadline, at least :data:`HANG_QUIET_MIN_S` (peers waiting
+    for it beat every BEAT_INTERVAL_S) and at most 1 s (it has been silent about as long
+    as the step has stalled)."""
+    return min(max(deadline_s / 2, HANG_QUIET_MIN_S), 1.0)
 
 
 def hang_verdict(silent: Sequence[str], members: int) -> tuple[str, ...]:
     """The members to fence as hung once the deadline expired: the silent ones, when
     some but not all are (empty: every member silent -- all stuck, or a long step on
-    every rank -- or none: cannot tell which is stuck; wait another deadline)."""
+    every rank -- or none: cannot tell which is stuck yet; see :func:`hang_undecided`)."""
     return tuple(silent) if silent and len(silent) < members else ()
+
+
+#: A member is fenced as hung only while its host's agent has been heard from within
+#: this (two node heartbeats): a host going silent is the node check's to judge (lost,
+#: or this coordinator cut off), and its members' silence says nothing about them.
+HANG_HOST_HEARD_S = 2 * NODE_BEAT_INTERVAL_S
+
+
+def hang_hosts_heard(hosts: Iterable[str | None], silence_s: Mapping[str, float], *,
+                     within_s: float = HANG_HOST_HEARD_S) -> bool:
+    """True when every one of ``hosts`` (the hosts of the members to fence; None: the
+    coordinator's own machine, one host) has beaten within ``within_s`` (``silence_s``:
+    host -> seconds since its heartbeat last advanced; a host not in it has none)."""
+    return all(silence_s.get(h, 0.0) < within_s for h in hosts if h is not None)
+
+
+def hang_deadline_at_end(deadline_s: float, *, startup_s: float, ending: bool) -> float:
+    """The hang deadline of this stall: the adaptive one (``deadline_s``, learnt from
+    steps), or at least the conservative startup one once a member has ended its
+    training loop (``ending``: its finished mark is written) -- the stall is then the
+    job's end (a teardown, the last writes), not a step."""
+    return max(deadline_s, startup_s) if ending else deadline_s
+
+
+def hang_undecided(stalled: float, deadline_s: float) -> bool:
+    """True while an expired stall whose verdict is empty is looked at again at the next
+    poll rather than given up on (warned about, and the deadline re-armed): until
+    :func:`hang_quiet_s` past the deadline, the silences may not have shown yet -- a
+    stuck member first observed late, a waiting peer's first heartbeat still to come."""
+    return stalled < deadline_s + hang_quiet_s(deadline_s)
 
 
 # ----------------------------------------------------------------- the recovery plan

@@ -12,8 +12,10 @@ reported and when, the I/O around it is the supervisor's and the agents'):
 * :func:`partition_verdict` -- the coordinator's verdict on its hosts' silences: the
   silent hosts are lost, *unless* together they are a majority, in which case the
   coordinator is the one cut off (a partition of its own host) and must blame nobody;
-* :class:`StepTimes` / :func:`adaptive_deadline` -- how long without a committed step (or
-  a host's heartbeat) counts as hung: ``max(floor, factor x p99)`` of the recent steps.
+* :class:`StepTimes` / :func:`adaptive_deadline` -- how long without a committed step
+  counts as hung: ``max(floor, factor x the longest recent step)``, once enough steps were
+  seen after the warm-up (before: the conservative startup deadline); checkpoint steps
+  apart, never under the startup deadline (:func:`checkpoint_deadline`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,19 @@ from dataclasses import dataclass
 #: while the coordinator looks at them one after the other.
 QUIET_FRACTION = 0.5
 
-#: Recent step durations kept for the adaptive deadline.
-STEP_WINDOW = 64
+#: Recent step durations kept for the adaptive deadline: its tail is the longest of them,
+#: so a step that comes back at least once every this many steps (a checkpoint, an
+#: evaluation) keeps the deadline above itself.
+STEP_WINDOW = 256
 #: Steps observed before the adaptive deadline replaces the startup one (fewer samples
 #: say nothing about the tail).
-MIN_STEP_SAMPLES = 8
+MIN_STEP_SAMPLES = 32
+#: The job's first step durations are not samples: allocation, lazy initialisation and
+#: compilation make them slower than any later step (the startup deadline covers them).
+WARMUP_STEPS = 2
+#: The adaptive deadline's quantile of the recent steps: the longest one (one slow step
+#: seen in the window is enough to keep the deadline above it).
+TAIL_QUANTILE = 1.0
 
 
 def coordinator_lost(last_advanced: float, now: float, timeout_s: float) -> bool:
@@ -102,11 +112,11 @@ def quantile(samples: Iterable[float], q: float) -> float:
 
 
 def adaptive_deadline(samples: Iterable[float], *, floor_s: float, factor: float,
-                      startup_s: float, q: float = 0.99) -> float:
-    """Seconds of silence (no committed step, no heartbeat) after which a rank or host is
-    hung: ``max(floor_s, factor x the q quantile of the recent step durations)``. With
-    fewer than :data:`MIN_STEP_SAMPLES` samples, ``max(floor_s, startup_s)``: the tail of
-    the distribution is not known yet (first steps, compilation, a new generation)."""
+                      startup_s: float, q: float = TAIL_QUANTILE) -> float:
+    """Seconds without a committed step after which a rank is hung: ``max(floor_s,
+    factor x the q quantile of the recent step durations)`` (by default the longest).
+    With fewer than :data:`MIN_STEP_SAMPLES` samples, ``max(floor_s, startup_s)``: the
+    tail of the distribution is not known yet (first steps, compilation)."""
     if floor_s <= 0 or factor <= 0 or startup_s < 0:
         raise ValueError("floor_s and factor must be > 0, startup_s >= 0")
     xs = list(samples)
@@ -115,23 +125,48 @@ def adaptive_deadline(samples: Iterable[float], *, floor_s: float, factor: float
     return max(floor_s, factor * quantile(xs, q))
 
 
+def checkpoint_deadline(samples: Iterable[float], *, factor: float, startup_s: float
+                        ) -> float:
+    """Seconds without a committed step after which a rank is hung while the step is a
+    checkpoint step (its writer snapshots the state and waits for the previous write):
+    ``max(startup_s, factor x the longest recent checkpoint step)`` -- never less than
+    the conservative startup deadline, however fast the ordinary steps are."""
+    if factor <= 0 or startup_s < 0:
+        raise ValueError("factor must be > 0, startup_s >= 0")
+    return max([startup_s, *(factor * x for x in samples)])
+
+
 class StepTimes:
     """The recent step durations as one party sees them on its own monotonic clock: fed
     ``observe(step, now)`` at each committed step it sees (several steps seen at once
-    count as that many steps of the mean duration)."""
+    count as that many steps of the mean duration). The job's first ``warmup`` durations
+    are dropped (see :data:`WARMUP_STEPS`); checkpoint steps (every ``checkpoint_every``
+    steps) are kept apart (:attr:`checkpoint_samples`), so that they neither lengthen
+    the ordinary steps' deadline nor are judged by it."""
 
-    def __init__(self, window: int = STEP_WINDOW) -> None:
-        if window < 1:
-            raise ValueError("window must be >= 1")
+    def __init__(self, window: int = STEP_WINDOW, *, warmup: int = WARMUP_STEPS,
+                 checkpoint_every: int = 0) -> None:
+        if window < 1 or warmup < 0 or checkpoint_every < 0:
+            raise ValueError("window must be >= 1, warmup and checkpoint_every >= 0")
         self.samples: deque[float] = deque(maxlen=window)
+        self.checkpoint_samples: deque[float] = deque(maxlen=window)
         self._last: tuple[int, float] | None = None
+        self._warmup = warmup
+        self._every = checkpoint_every
 
     def observe(self, step: int, now: float) -> None:
         """Note that ``step`` is the committed step as of ``now``."""
         if self._last is not None and step > self._last[0]:
             n = step - self._last[0]
-            each = (now - self._last[1]) / n
-            self.samples.extend([each] * min(n, self.samples.maxlen or n))
+            skip = min(n, self._warmup)
+            self._warmup -= skip
+            if self._every and step // self._every > self._last[0] // self._every:
+                # A checkpoint step among them: the whole gap is one checkpoint sample.
+                if skip < n:
+                    self.checkpoint_samples.append(now - self._last[1])
+            else:
+                each = (now - self._last[1]) / n
+                self.samples.extend([each] * min(n - skip, self.samples.maxlen or n))
         if self._last is None or step != self._last[0]:
             self._last = (step, now)
 
@@ -140,7 +175,16 @@ class StepTimes:
         step); the samples stay."""
         self._last = None
 
-    def deadline(self, *, floor_s: float, factor: float, startup_s: float) -> float:
-        """:func:`adaptive_deadline` over the recent samples."""
+    def checkpoint_next(self, last_step: int) -> bool:
+        """True when the step after the committed ``last_step`` is a checkpoint step."""
+        return bool(self._every) and (last_step + 1) % self._every == 0
+
+    def deadline(self, *, floor_s: float, factor: float, startup_s: float,
+                 checkpoint: bool = False) -> float:
+        """:func:`adaptive_deadline` over the recent samples; for a checkpoint step
+        (``checkpoint``), :func:`checkpoint_deadline` over the recent checkpoint steps."""
+        if checkpoint:
+            return max(floor_s, checkpoint_deadline(self.checkpoint_samples, factor=factor,
+                                                    startup_s=startup_s))
         return adaptive_deadline(self.samples, floor_s=floor_s, factor=factor,
                                  startup_s=startup_s)

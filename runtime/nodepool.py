@@ -300,6 +300,14 @@ class NodePool:
         self.refresh()
         return set(self._quiet)
 
+    def node_silences(self) -> dict[str, float]:
+        """Seconds since each live, joined node's heartbeat was last seen to advance, on
+        this machine's monotonic clock (the beats are looked at every 50 ms)."""
+        self.refresh()
+        now = time.monotonic()
+        return {n.name: now - n.beat_seen for n in self.nodes
+                if n.lost is None and not n.lent and n.joined}
+
     def take_node_failures(self) -> list[NodeFailure]:
         """Nodes found lost since the last call (each is one incident)."""
         self.refresh()

@@ -176,6 +176,10 @@ class WorkerPool:
         """One host: no node is ever silent (NodePool's: nodes that missed heartbeats)."""
         return set()
 
+    def node_silences(self) -> dict[str, float]:
+        """One host: no node heartbeats (NodePool's: seconds since each node's)."""
+        return {}
+
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for every process to end, kill the rest, close logs."""
         deadline = time.time() + grace_s

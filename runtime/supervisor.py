@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from runtime import protocol as P
 from runtime import records as R
-from runtime.borrowing import Loans
+from runtime.borrowing import CAUSE_LENT, LoanAction, Loans, loan_outcome
 from runtime.checkpointing import read_committed
 from runtime.control import (
     default_runs_root,
@@ -58,8 +58,11 @@ from runtime.coordinator import (
     death_detected_at,
     death_record_due,
     describe_death,
+    hang_deadline_at_end,
+    hang_hosts_heard,
     hang_phase,
     hang_quiet_s,
+    hang_undecided,
     hang_verdict,
     joined_note,
     joins_incident,
@@ -77,6 +80,15 @@ from runtime.coordinator import (
 from runtime.detection import StepTimes
 from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
+from runtime.loans import (
+    CloseLoan,
+    Grow,
+    JobView,
+    Lend,
+    RestartDead,
+    StartReplacements,
+    borrowed_note,
+)
 from runtime.nodepool import NodePool
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
 from runtime.processes import WorkerPool, process_exiting, stopped_deadline
@@ -138,13 +150,15 @@ class LaunchConfig:
     store_poll_interval_s: float = 0.02
     fault_grace_s: float = 0.5
     # Step watchdog: a job whose committed step has not advanced for
-    # max(hang_floor_s, hang_factor x p99 of the recent step times) is hung (before
-    # MIN_STEP_SAMPLES steps were seen: max(hang_floor_s, hang_startup_s)); the ranks
-    # that stopped beating while their peers wait for them are fenced (cause ``hang``).
-    # The floor keeps a loaded machine's hiccups (seconds on 2 busy cores) and a rank
-    # legitimately slow for a few steps from being fenced (runtime.detection).
-    hang_floor_s: float = 3.0
-    hang_factor: float = 4.0
+    # max(hang_floor_s, hang_factor x the longest of the recent step times) is hung
+    # (until MIN_STEP_SAMPLES steps were seen after the warm-up: max(hang_floor_s,
+    # hang_startup_s)); the ranks that stopped beating while their peers wait for them
+    # are fenced (cause ``hang``). The deadline follows what this job's steps have
+    # shown (a loaded machine's hiccups, a checkpoint step in the window make it longer);
+    # the floor is the least a step may stall for scheduler noise alone. See
+    # runtime.detection and docs/runtime.md ("Hung worker").
+    hang_floor_s: float = 0.4
+    hang_factor: float = 2.0
     hang_startup_s: float = 3.0
     # Stopped ranks (and frozen hosts on this machine): a member that /proc shows
     # stopped (state T/t) on every look for half of max(0.25 s, this x steady step),
@@ -358,7 +372,7 @@ class Supervisor:
         # Each member's heartbeat as last read, and when it last changed (monotonic).
         self._beats: dict[str, tuple[bytes | None, float]] = {}
         # Recent step durations as this supervisor saw the commits (the adaptive deadline).
-        self.step_times = StepTimes()
+        self.step_times = StepTimes(checkpoint_every=config.checkpoint_every)
         # The disk refusing status.json, and the latest failed checkpoint write.
         self.status_error: str | None = None
         self.checkpoint_error: dict[str, Any] | None = None
@@ -394,8 +408,12 @@ class Supervisor:
                                  stopped_factor=config.hang_stopped_factor,
                                  step_seconds=lambda: self.step_seconds)
         # Hosts shared with other jobs (lent and borrowed): runtime.borrowing.
-        self.loans = Loans(self, pool=config.pool, priority=config.priority) \
-            if config.pool else None
+        self.loans = Loans(
+            store=self.store, nodes=self.pool, job_id=self.job_id,  # type: ignore[arg-type]
+            endpoint=f"{config.host}:{self.store.port}", workers=config.workers,
+            spec={"script": config.script, "args": config.args, "python": config.python,
+                  "job": self.job_id},
+            pool=config.pool, priority=config.priority) if config.pool else None
 
     def _coordinator_beat(self) -> None:
         """Advance :data:`runtime.protocol.KEY_COORD_BEAT` every COORD_BEAT_INTERVAL_S
@@ -689,9 +707,11 @@ class Supervisor:
                 self._handle_drains()
             self._handle_moves()
             if self.loans is not None:
-                self.loans.poll()
-            self._handle_watchdog(now)
+                self._handle_loans(now)
+            # Progress first: a commit this loop was late to read (the supervisor itself
+            # descheduled on a loaded machine) is not a stall of the job.
             self._handle_progress()
+            self._handle_watchdog(now)
             self._handle_checkpoint_errors()
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
@@ -972,7 +992,7 @@ class Supervisor:
                                room=self.pool.room())
             elif isinstance(step, Borrow):
                 # No spare of its own: a host of a lower-priority job (runtime.borrowing).
-                got = self.loans.borrow(step.count, inc) if self.loans is not None else []
+                got = self._borrow(step.count, inc)
                 view = replace(view, borrowed=True, room=self.pool.room(), spares=(
                     *view.spares, *(SpareView(slot=s, alive=True, ready=False,
                                               shard=self.shard_of[s]) for s in got)))
@@ -1013,6 +1033,83 @@ class Supervisor:
         rec.gen = plan.gen
         self._publish(plan)
 
+    # ----------------------------------------------------------------- loans
+    def _loan_view(self) -> JobView:
+        """The job as spare borrowing's decisions see it (runtime.loans)."""
+        return JobView(gen=self.gen, members=tuple(self.members), spares=tuple(self.spares),
+                       busy=self.recovery.active or self.recovery.gen is not None
+                       or bool(self.moving))
+
+    def _handle_loans(self, now: float) -> None:
+        """Serve the pool (runtime.borrowing.Loans.poll) and carry out each decision
+        about the job it yields: lend a host, start or restart the processes that widen
+        the job again, plan the wider generation, write a loan's outcome."""
+        if self.loans is None:
+            return
+        for act in self.loans.poll(self._loan_view, now):
+            self._carry_out_loan(act)
+
+    def _carry_out_loan(self, act: LoanAction) -> None:
+        loans = self.loans
+        if loans is None:
+            return
+        if isinstance(act, Lend):
+            for s in act.spares_on:
+                self.spares.remove(s)
+            self.retired.update((*act.on, *act.spares_on))
+            inc = None
+            if act.gen is not None and act.detail is not None:
+                inc = self._open_incident(FailureClass.PLANNED, CAUSE_LENT, list(act.on),
+                                          self.last_step, act.detail)
+                self.recovery = Recovery(gen=act.gen)  # no incident: the shrink loses nothing
+                self._publish(P.Plan(gen=act.gen, mode=P.PlanMode.LIVE,
+                                     members=list(act.stay)))
+                self._advanced_at = None  # the step watchdog re-arms at the first step of gen
+            loans.lent(act, failure_event_id=inc.event_id if inc else None,
+                       since=inc.detected if inc else time.monotonic())
+        elif isinstance(act, StartReplacements):
+            loans.started(act.host, [self._spawn() for _ in range(act.count)])
+        elif isinstance(act, RestartDead):
+            # One died before it was called in (no member: nothing was lost).
+            loans.restarted(act.host, {d: self._spawn() for d in act.dead})
+        elif isinstance(act, Grow):
+            self.recovery = Recovery(gen=act.gen)
+            # A move plan: rank 0 sees it at its next step and the members switch at
+            # that step's boundary (a lone member's collectives never wait, so it
+            # would not notice a live plan until its end).
+            self._publish(P.Plan(gen=act.gen, mode=P.PlanMode.MOVE, members=list(act.members)))
+            self._advanced_at = None  # (as for a recovery: re-armed when it steps)
+        elif isinstance(act, CloseLoan):
+            # Measured by this supervisor alone, on its monotonic clock (as every
+            # recovery_seconds): from the shrink to the first step at full width.
+            self._emit(loan_outcome(contract_id=self.cfg.contract_id,
+                                    failure_event_id=act.failure_event_id,
+                                    seconds=act.seconds, step_seconds=self.step_seconds,
+                                    gpus=act.gpus))
+
+    def _borrow(self, count: int, inc: Incident) -> list[str]:
+        """Borrow hosts of lower-priority jobs for ``count`` processes and start them there
+        (spares, not ready yet); the incident's detail names the hosts. Returns the new
+        slots (fewer, or none, when the pool has no host to lend)."""
+        if self.loans is None:
+            return []
+        hosts = self.loans.borrow(count)
+        slots: list[str] = []
+        for h in hosts:
+            for _ in range(h.count):
+                slots.append(self._spawn())
+                self.spares.append(slots[-1])
+        if hosts:
+            inc.note = borrowed_note([h.describe() for h in hosts])
+        return slots
+
+    def _close_loans(self) -> None:
+        """The job ends: the loans still open get their outcome (before job_finished)."""
+        if self.loans is None:
+            return
+        for act in self.loans.close(self.gen, time.monotonic()):
+            self._carry_out_loan(act)
+
     def _latest_ckpt(self) -> tuple[int, Path] | None:
         if self.cfg.shards > 1:  # a DCP folder renamed into place once every shard is in
             return latest_sharded_checkpoint(self.ckpt_dir) \
@@ -1034,8 +1131,7 @@ class Supervisor:
                                  step_seconds=max(self.step_seconds, 1e-6),
                                  gpus_affected=self.cfg.workers))
         self.recovery = Recovery()
-        if self.loans is not None:
-            self.loans.close()  # open loans get their outcome before the end
+        self._close_loans()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=self.last_step))
         self.state = JobState.FAILED
@@ -1087,12 +1183,14 @@ class Supervisor:
 
     def hang_deadline(self) -> float:
         """Seconds without a committed step after which the job counts as hung:
-        ``max(hang_floor_s, hang_factor x p99 of the recent steps)`` as this supervisor
+        ``max(hang_floor_s, hang_factor x the longest recent step)`` as this supervisor
         saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
-        hang_startup_s)`` until enough steps were seen."""
-        return self.step_times.deadline(floor_s=self.cfg.hang_floor_s,
-                                        factor=self.cfg.hang_factor,
-                                        startup_s=self.cfg.hang_startup_s)
+        hang_startup_s)`` until enough steps were seen after the warm-up; for a checkpoint
+        step, ``max(hang_startup_s, hang_factor x the longest recent checkpoint step)``."""
+        return self.step_times.deadline(
+            floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
+            startup_s=self.cfg.hang_startup_s,
+            checkpoint=self.step_times.checkpoint_next(self.last_step))
 
     def _observe_beats(self) -> None:
         """Note, on this supervisor's monotonic clock, when each member's heartbeat last
@@ -1119,8 +1217,9 @@ class Supervisor:
 
     def _handle_watchdog(self, now: float) -> None:
         """The step watchdog: the decisions are runtime.coordinator's (stalled_for, the
-        stopped-rank rule, hang_phase / hang_verdict); this reads /proc and the beats
-        when they ask, and fences."""
+        stopped-rank rule, hang_phase / hang_verdict / hang_undecided, the hosts heard
+        from, the deadline at the job's end); this reads /proc, the beats and the
+        finished marks when they ask, and fences."""
         stalled = stalled_for(now, self._advanced_at, recovering=self.recovery.active)
         if stalled is None:
             self._stopped_since.clear()
@@ -1133,15 +1232,25 @@ class Supervisor:
         phase = hang_phase(stalled, deadline)
         if phase == HangPhase.EARLY:
             return
-        self._observe_beats()  # from a third of the deadline: who still beats
+        self._observe_beats()  # from a quarter of the deadline: who still beats
         if phase == HangPhase.OBSERVE:
             return
+        ending = any(self.store.check([P.finished_key(s)]) for s in self.members)
+        deadline = hang_deadline_at_end(deadline, ending=ending,
+                                        startup_s=self.cfg.hang_startup_s)
+        if hang_phase(stalled, deadline) != HangPhase.EXPIRED:
+            return  # a member has ended its loop: the job's end, not a stuck step
         silent = self._silent_members(hang_quiet_s(deadline))
         hung = hang_verdict(silent, len(self.members))
+        if hung and not hang_hosts_heard((self.pool.node_of(s) for s in hung),
+                                         self.pool.node_silences()):
+            return  # a host falling silent: the node check decides, not this one
         if hung:
-            self._fence_hung(list(hung), f"no committed step for {stalled:.1f} s (deadline "
-                                         f"{deadline:.1f} s); its peers were waiting for it")
+            self._fence_hung(list(hung), f"no committed step for {stalled:.2f} s (deadline "
+                                         f"{deadline:.2f} s); its peers were waiting for it")
             return
+        if hang_undecided(stalled, deadline):
+            return  # the silences may not have shown yet: look again at the next poll
         log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which rank "
                     "is stuck; waiting", self.last_step, stalled,
                     "every member is silent" if silent else "every member is waiting")
@@ -1379,8 +1488,7 @@ class Supervisor:
         self._handle_ready()
         self._close_at_the_end(step)
         self.last_step = step
-        if self.loans is not None:
-            self.loans.close()  # open loans get their outcome before the end
+        self._close_loans()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=step))
         deadline = time.monotonic() + self.cfg.finish_timeout_s

@@ -111,13 +111,14 @@ def run(
              "already imported torch (a replacement is ready in well under a second) "
              "or start each as a new process (3-10 s)."),
     hang_floor: float = typer.Option(
-        3.0, "--hang-floor", min=0.1,
-        help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x p99 of the "
-             "recent step times) seconds without a committed step while its peers wait "
-             "for it; it is "
-             "then killed and replaced (cause hang). Raise it if one rank legitimately "
-             "does much more work in some steps (e.g. evaluation on rank 0)."),
-    hang_factor: float = typer.Option(4.0, "--hang-factor", min=1.0,
+        0.4, "--hang-floor", min=0.1,
+        help="Step watchdog: a worker is hung after max(FLOOR, FACTOR x the longest of "
+             "the recent step times) seconds without a committed step while its peers "
+             "wait for it (3 s until 32 steps were seen, for checkpoint steps and at the "
+             "job's end); it is then killed and replaced (cause hang). Raise it if one "
+             "rank legitimately does much more work in steps rarer than one in 256 (e.g. "
+             "evaluation on rank 0)."),
+    hang_factor: float = typer.Option(2.0, "--hang-factor", min=1.0,
                                       help="Step watchdog factor (see --hang-floor)."),
     hang_stopped_factor: float = typer.Option(
         3.0, "--hang-stopped-factor", min=0.0,

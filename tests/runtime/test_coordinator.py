@@ -296,28 +296,30 @@ def test_the_stopped_deadline_follows_the_steady_step_above_the_floor() -> None:
     assert not stopped_look_due(0.74, 1.5) and stopped_look_due(0.75, 1.5)
 
 
-def test_the_hang_deadline_is_the_floor_until_enough_steps_then_adaptive() -> None:
-    times = StepTimes()
+def test_the_hang_deadline_is_the_startup_one_until_enough_steps_then_adaptive() -> None:
+    times = StepTimes(warmup=0)
     clock = FakeClock()
-    kw = {"floor_s": 3.0, "factor": 4.0, "startup_s": 3.0}
+    kw = {"floor_s": 0.4, "factor": 2.0, "startup_s": 3.0}
     for step in range(MIN_STEP_SAMPLES):  # one sample short
         times.observe(step, clock.advance(1.0))
     assert times.deadline(**kw) == 3.0
     times.observe(MIN_STEP_SAMPLES, clock.advance(1.0))
     deadline = times.deadline(**kw)
-    assert deadline == pytest.approx(4.0)  # 4 x the p99 of 1 s steps
-    # Its phases: nothing before a third, beats noted from a third, decided at the end.
-    assert hang_phase(deadline / 3 - 1e-6, deadline) == HangPhase.EARLY
-    assert hang_phase(deadline / 3, deadline) == HangPhase.OBSERVE
+    assert deadline == pytest.approx(2.0)  # 2 x the longest of 1 s steps
+    # Its phases: nothing before a quarter, beats noted from a quarter, decided at the end.
+    assert hang_phase(deadline / 4 - 1e-6, deadline) == HangPhase.EARLY
+    assert hang_phase(deadline / 4, deadline) == HangPhase.OBSERVE
     assert hang_phase(deadline - 1e-6, deadline) == HangPhase.OBSERVE
     assert hang_phase(deadline, deadline) == HangPhase.EXPIRED
-    assert hang_quiet_s(deadline) == 1.0
-    # Fast steps: the floor holds the deadline up (a loaded machine's hiccups).
-    fast = StepTimes()
-    for step in range(20):
+    assert hang_quiet_s(deadline) == 1.0 and hang_quiet_s(3.0) == 1.0
+    # Fast steps: the floor holds the deadline up; the silence needed never drops under
+    # one and a half beat intervals (a waiting peer beats every BEAT_INTERVAL_S).
+    fast = StepTimes(warmup=0)
+    for step in range(MIN_STEP_SAMPLES + 2):
         fast.observe(step, clock.advance(0.1))
-    assert fast.deadline(**kw) == 3.0
-    assert hang_phase(2.999, 3.0) == HangPhase.OBSERVE and hang_quiet_s(1.0) == 0.5
+    assert fast.deadline(**kw) == 0.4
+    assert hang_quiet_s(0.4) == pytest.approx(1.5 * P.BEAT_INTERVAL_S)
+    assert hang_quiet_s(1.0) == 0.5
 
 
 def test_an_expired_hang_fences_the_silent_members_unless_all_or_none_are() -> None:

@@ -81,9 +81,10 @@ def test_quantile_is_the_nearest_rank() -> None:
 
 
 def test_the_adaptive_deadline_follows_the_tail_of_the_steps_above_its_floor() -> None:
-    steady = [0.1] * 60 + [0.3] * 4  # 4 of 64 slow: the p99 is a slow step
+    steady = [0.1] * 63 + [0.3]  # one slow step in the window: the tail is that step
     assert adaptive_deadline(steady, floor_s=0.5, factor=4.0, startup_s=3.0) == \
         pytest.approx(1.2)
+    assert adaptive_deadline(steady, floor_s=0.5, factor=4.0, startup_s=3.0, q=0.5) == 0.5
     assert adaptive_deadline([0.1] * 64, floor_s=0.5, factor=4.0, startup_s=3.0) == 0.5
     assert adaptive_deadline([2.0] * 64, floor_s=0.5, factor=4.0, startup_s=3.0) == 8.0
     # Too few samples: the startup deadline.
@@ -94,7 +95,7 @@ def test_the_adaptive_deadline_follows_the_tail_of_the_steps_above_its_floor() -
 
 
 def test_step_times_come_from_commits_seen_on_one_clock() -> None:
-    st = StepTimes(window=16)
+    st = StepTimes(window=16, warmup=0)
     now = 50.0
     for step in range(1, 11):
         now += 0.2
@@ -106,4 +107,7 @@ def test_step_times_come_from_commits_seen_on_one_clock() -> None:
     st.restart()  # a new generation: the recovery's gap is not a step
     st.observe(14, now + 60.0)
     assert max(st.samples) == pytest.approx(0.3)
-    assert st.deadline(floor_s=0.1, factor=4.0, startup_s=3.0) == pytest.approx(1.2)
+    # Fewer samples than MIN_STEP_SAMPLES: still the startup deadline.
+    assert st.deadline(floor_s=0.1, factor=4.0, startup_s=3.0) == 3.0
+    assert adaptive_deadline([*st.samples] * 3, floor_s=0.1, factor=4.0, startup_s=3.0) \
+        == pytest.approx(1.2)
