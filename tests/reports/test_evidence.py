@@ -238,7 +238,7 @@ def test_a_statements_pack_checks_with_its_readme_command_and_a_changed_byte_is_
         f"{statement.checkpoint_size}" in out, out
     # The close the statement shows, its figures recomputed from the entries before it.
     assert out.count("states contract year 1's figures as the entries before it give "
-                     "them (60.00 %, missed); its credit follows the rule") == 2, out
+                     "them (60.00 % (3 of 5), missed); its credit follows the rule") == 2, out
     assert out.count("shows covered failures 5  matches") == 2, out
     assert f"since checkpoint {statement.checkpoint_size}: this log of " \
         f"{pack.log_tree_size} entries extends it" in out, out
