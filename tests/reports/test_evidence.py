@@ -301,7 +301,7 @@ def test_the_cli_writes_a_statements_pack_with_year(
         (("--year", "2"), "--year", "has not been issued"),
         (("--year", "1", "--month", "2025-12"), "--month/--year", "give one of"),
         ((), "--month/--year", "give one of"),
-        (("--year", "0"), "--year", "0"),
+        (("--year", "0"), "--year", "greater than or equal to 1"),
     ):
         target = tmp_path / f"bad-{len(args)}.zip"
         bad = _cli("reports", "evidence", "--contract", "C-CLOSED", *args, "--out",

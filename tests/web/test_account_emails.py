@@ -89,7 +89,7 @@ def test_a_customer_admin_adds_lists_and_removes_a_recipient(
                      page)
     row = re.search(r'<table class="data stack" data-test="recipients">.*?</table>', page,
                     re.S)
-    assert row and address in row.group(0) and "year missed, credit issued" in row.group(0)
+    assert row and address in row.group(0) and "credit issued, year missed" in row.group(0)
     changes = re.search(r'data-test="changes">.*?</table>', page, re.S)
     assert changes and address in changes.group(0) and ">added<" in changes.group(0)
     assert "Alice (user #" in changes.group(0)
@@ -143,7 +143,7 @@ def test_bad_input_names_the_field_and_changes_nothing(
         ("o ps@acme.example", "is not a plain mailbox name"),
         ("ops..x@acme.example", "is not a plain mailbox name"),
         ("<ops@acme.example>", "is not a plain mailbox name"),
-        ("ops@acme.example\r\nBcc: x@evil.example", "is not a mail domain"),
+        ("ops@acme.example\r\nBcc: x@evil.example", "is not a plain mailbox name"),
         ("x" * 65 + "@acme.example", "at most 64"),
         ("ops@" + "a" * 250 + ".example", "at most 254 characters"),
         ("OPS@ACME.example", "email: OPS@acme.example receives your alerts already"),
