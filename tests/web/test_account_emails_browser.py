@@ -59,8 +59,9 @@ def test_a_customer_admin_adds_and_removes_an_email_recipient(
             _check(page, base, f"account-emails-empty-{width}", "/account/alerts", width,
                    problems)
             form = page.locator("[data-test=email-form]")
-            # A bad address: refused, naming the field; nothing is added.
-            form.locator("input[name=email]").fill("sla@acme_labs.example")
+            # An address the browser lets through (its own check passes a domain with no
+            # dot) but the portal refuses, naming the field; nothing is added.
+            form.locator("input[name=email]").fill("sla@acme")
             form.locator("button[type=submit]").click()
             expect(page.locator("main")).to_contain_text("email: the domain of")
             page.goto(base + "/account/alerts")
