@@ -54,8 +54,17 @@ DESTINATION_KINDS = ("webhook", "email")
 DELIVERY_STATES = ("pending", "delivered", "failed")
 #: Where a replay was asked for: ``yoco alerts replay`` or the portal's operator page.
 REPLAY_VIAS = ("cli", "portal")
+#: What a customer's admin did to one of their customer's destinations in the portal
+#: (``alert_destination_changes``, migration 0027).
+CHANGE_ACTIONS = ("added", "disabled", "enabled", "removed")
 
 _TS = DateTime(timezone=True)
+#: A customer's own destination: a webhook to public addresses only, or an e-mail
+#: destination of exactly one recipient (migration 0027; 0026 allowed webhooks only).
+CUSTOMER_MANAGED_SAFE = (
+    "NOT customer_managed OR (customer IS NOT NULL AND ((kind = 'webhook' AND NOT "
+    "allow_unsafe_address) OR (kind = 'email' AND cardinality(mail_to) = 1)))"
+)
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -85,11 +94,16 @@ class AlertDestination(Base):
     mail_from: Mapped[str | None] = mapped_column(Text)
     mail_to: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
     customer: Mapped[str | None] = mapped_column(Text)
-    #: Added by the customer's own admin in the portal: public addresses only (the
-    #: operator's destinations may name internal receivers).
+    #: Added by the customer's own admin in the portal: a webhook to public addresses
+    #: only (the operator's destinations may name internal receivers), or one e-mail
+    #: recipient sent through the operator's relay (migration 0027).
     customer_managed: Mapped[bool] = mapped_column(
         Boolean, nullable=False, server_default="false"
     )
+    #: When the customer's admin removed this e-mail recipient (it is then disabled for
+    #: good: never listed to them, never sent to, never turned on again); the row stays,
+    #: as every destination does, for the delivery log.
+    removed_at: Mapped[datetime | None] = mapped_column(_TS)
     event_kinds: Mapped[list[str]] = mapped_column(
         ARRAY(Text), nullable=False, server_default="{}"
     )
@@ -114,8 +128,9 @@ class AlertDestination(Base):
             "event_kinds <@ ARRAY[" + ", ".join(repr(k) for k in EVENT_KINDS) + "]::text[]",
             name="event_kinds_known",
         ),
-        CheckConstraint("NOT customer_managed OR (customer IS NOT NULL AND kind = 'webhook' "
-                        "AND NOT allow_unsafe_address)", name="customer_managed_safe"),
+        CheckConstraint(CUSTOMER_MANAGED_SAFE, name="customer_managed_safe"),
+        CheckConstraint("removed_at IS NULL OR (customer_managed AND kind = 'email' "
+                        "AND NOT enabled)", name="removed_for_good"),
     )
 
 
@@ -216,6 +231,29 @@ class AlertReplay(Base):
     )
 
 
+class AlertDestinationChange(Base):
+    """A change a customer's admin made in the portal to one of their customer's
+    destinations (append-only): which, what (:data:`CHANGE_ACTIONS`), who and when --
+    the audit trail of customer self-service, as ``alert_replays`` is of replays."""
+
+    __tablename__ = "alert_destination_changes"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    destination_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("alert_destinations.id"), nullable=False
+    )
+    action: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The portal user: their name and id (``Alice (user #3)``).
+    changed_by: Mapped[str] = mapped_column(Text, nullable=False)
+    changed_at: Mapped[datetime] = mapped_column(_TS, nullable=False, server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint(_in("action", CHANGE_ACTIONS), name="action_known"),
+        CheckConstraint("length(changed_by) BETWEEN 1 AND 320", name="changed_by_length"),
+        Index(None, "destination_id", "id"),
+    )
+
+
 class AlertYearStanding(Base):
     """The standing the detector last saw for an open contract year, and how often it
     worsened: the transition counter that makes the at-risk event's key deterministic."""
@@ -236,4 +274,5 @@ ALERT_TABLES = (
     "alert_attempts",
     "alert_year_standings",
     "alert_replays",
+    "alert_destination_changes",
 )

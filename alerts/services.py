@@ -21,21 +21,28 @@ from sqlalchemy.orm import Session
 from alerts.config import check_host, check_webhook_url
 from alerts.errors import BadDestination, UnknownDelivery, UnknownDestination
 from alerts.models import (
+    CHANGE_ACTIONS,
     EVENT_KINDS,
     REPLAY_VIAS,
     AlertAttempt,
     AlertDelivery,
     AlertDestination,
+    AlertDestinationChange,
     AlertEvent,
     AlertReplay,
 )
 from ledger.models import Contract
 
 __all__ = [
+    "MAX_CUSTOMER_RECIPIENTS",
     "DeliveryRow",
+    "add_customer_email",
     "add_email",
     "add_webhook",
     "attempts_of",
+    "check_recipient",
+    "customer_changes",
+    "customer_recipients",
     "deliveries",
     "destination_json",
     "events",
@@ -44,6 +51,8 @@ __all__ = [
     "new_secret",
     "queue_replay",
     "queue_test",
+    "record_change",
+    "remove_customer_email",
     "replays",
     "set_enabled",
 ]
@@ -179,6 +188,156 @@ def add_email(
     return dest
 
 
+#: At most this many live e-mail recipients per customer, added by its admin.
+MAX_CUSTOMER_RECIPIENTS = 20
+_LOCAL = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def check_recipient(address: object, *, field: str = "email") -> str:
+    """A recipient's address as a customer's admin types it: ``local@domain``, the local
+    part letters, digits and ``!#$%&'*+/=?^_`{|}~-`` in dot-separated runs (at most 64),
+    the domain two or more dot-separated labels of letters, digits and inner hyphens
+    ending in letters (an IDN in its ``xn--`` form), 254 characters in all.  Returns it
+    with surrounding spaces dropped and the domain lower-cased.  Raises
+    :class:`BadDestination` naming ``field`` and what is wrong."""
+    if not isinstance(address, str) or not address.strip():
+        raise BadDestination(f"{field}: enter an e-mail address (name@example.com)")
+    text_ = address.strip()
+    if len(text_) > 254:
+        raise BadDestination(f"{field}: at most 254 characters, got {len(text_)}")
+    local, at, domain = text_.rpartition("@")
+    if not at or not local:
+        raise BadDestination(f"{field}: {text_!r} is not an e-mail address (name@example.com)")
+    if len(local) > 64 or not _LOCAL.match(local):
+        raise BadDestination(
+            f"{field}: the part before the @ of {text_!r} is not a plain mailbox name "
+            "(letters, digits, dots between them and !#$%&'*+/=?^_`{|}~-, at most 64)")
+    labels = domain.split(".")
+    if len(labels) < 2 or not all(_LABEL.match(x) for x in labels) \
+            or not labels[-1].isalpha():
+        raise BadDestination(
+            f"{field}: the domain of {text_!r} is not a mail domain such as example.com "
+            "(letters, digits and hyphens; an international name in its xn-- form)")
+    return f"{local}@{domain.lower()}"
+
+
+def record_change(session: Session, dest: AlertDestination, action: str,
+                  changed_by: str) -> AlertDestinationChange:
+    """Audit one change a customer's admin made to ``dest`` in the portal (an
+    ``alert_destination_changes`` row, in the caller's transaction).  ValueError for an
+    unknown ``action`` or an empty ``changed_by``."""
+    if action not in CHANGE_ACTIONS:
+        raise ValueError(f"action: expected one of {', '.join(CHANGE_ACTIONS)}, got {action!r}")
+    if not isinstance(changed_by, str) or not 1 <= len(changed_by.strip()) <= 320:
+        raise ValueError("changed_by: who made the change (1 to 320 characters)")
+    row = AlertDestinationChange(destination_id=dest.id, action=action,
+                                 changed_by=changed_by.strip())
+    session.add(row)
+    session.flush()
+    return row
+
+
+def customer_recipients(session: Session, customer: str) -> list[AlertDestination]:
+    """The e-mail recipients ``customer``'s admin added and has not removed, oldest
+    first (never another customer's, nor the operator's destinations)."""
+    return list(session.execute(
+        select(AlertDestination).where(
+            AlertDestination.customer == customer,
+            AlertDestination.customer_managed.is_(True),
+            AlertDestination.kind == "email",
+            AlertDestination.removed_at.is_(None),
+        ).order_by(AlertDestination.id)
+    ).scalars())
+
+
+def add_customer_email(
+    session: Session,
+    *,
+    customer: str,
+    address: str,
+    events: Sequence[str],
+    relay: str | None,
+    changed_by: str,
+) -> AlertDestination:
+    """Add ``address`` as an e-mail recipient of ``customer``'s alerts of ``events``,
+    for the customer's own admin (the portal), audited as ``added``.
+
+    The message goes the way every alert e-mail goes (:func:`alerts.send.send_email`),
+    through the operator's relay: the e-mail destination named ``relay``
+    (``YOCO_WEB_CUSTOMER_MAIL_VIA``), whose SMTP server, login and From address are
+    copied now; the customer chooses only the address and the kinds.  Raises
+    :class:`BadDestination` naming the field (``email``, ``event``) -- or saying that no
+    relay is configured -- before anything is written."""
+    to = check_recipient(address)
+    kinds = _check_kinds(events)
+    if not kinds:
+        raise BadDestination("event: choose at least one kind of alert")
+    if relay is None:
+        raise BadDestination("email: e-mail alerts are not offered by this operator yet "
+                             "(no relay is configured)")
+    via = session.execute(
+        select(AlertDestination).where(AlertDestination.name == relay)
+    ).scalar_one_or_none()
+    if via is None or via.kind != "email" or via.customer is not None or not via.enabled:
+        raise BadDestination(f"email: the operator's relay {relay!r} is not an enabled e-mail "
+                             "destination of theirs: e-mail alerts cannot be added now")
+    live = customer_recipients(session, customer)
+    if any(to.casefold() == d.mail_to[0].casefold() for d in live):
+        raise BadDestination(f"email: {to} receives your alerts already")
+    if len(live) >= MAX_CUSTOMER_RECIPIENTS:
+        raise BadDestination(f"email: at most {MAX_CUSTOMER_RECIPIENTS} recipients; remove "
+                             "one first")
+    dest = AlertDestination(
+        name=f"cust-mail-{secrets.token_hex(6)}", kind="email", smtp_host=via.smtp_host,
+        smtp_port=via.smtp_port, smtp_starttls=via.smtp_starttls,
+        smtp_username=via.smtp_username, smtp_password_env=via.smtp_password_env,
+        mail_from=via.mail_from, mail_to=[to], customer=_check_customer(session, customer),
+        customer_managed=True, event_kinds=kinds,
+        allow_unsafe_address=via.allow_unsafe_address, enabled=True,
+    )
+    session.add(dest)
+    session.flush()
+    record_change(session, dest, "added", changed_by)
+    return dest
+
+
+def remove_customer_email(session: Session, *, customer: str, name: str,
+                          changed_by: str) -> AlertDestination | None:
+    """Remove ``customer``'s e-mail recipient ``name``: disabled for good (never sent to
+    or turned on again; its delivery log stays), audited as ``removed``.  None when no
+    live recipient of that customer has that name (another customer's, the operator's,
+    a webhook, one removed already): nothing changes."""
+    dest = session.execute(
+        select(AlertDestination).where(
+            AlertDestination.name == name,
+            AlertDestination.customer == customer,
+            AlertDestination.customer_managed.is_(True),
+            AlertDestination.kind == "email",
+            AlertDestination.removed_at.is_(None),
+        ).with_for_update()
+    ).scalar_one_or_none()
+    if dest is None:
+        return None
+    dest.enabled = False
+    dest.removed_at = datetime.now(UTC)
+    session.flush()
+    record_change(session, dest, "removed", changed_by)
+    return dest
+
+
+def customer_changes(session: Session, customer: str,
+                     limit: int = 20) -> list[tuple[AlertDestinationChange, AlertDestination]]:
+    """The latest changes ``customer``'s admins made to its destinations, newest first."""
+    return [(c, d) for c, d in session.execute(
+        select(AlertDestinationChange, AlertDestination)
+        .join(AlertDestination, AlertDestination.id == AlertDestinationChange.destination_id)
+        .where(AlertDestination.customer == customer)
+        .order_by(AlertDestinationChange.id.desc())
+        .limit(max(1, min(limit, 1000)))
+    ).all()]
+
+
 def get_destination(session: Session, name: str) -> AlertDestination:
     """The destination named ``name`` (UnknownDestination otherwise)."""
     dest = session.execute(
@@ -196,8 +355,12 @@ def list_destinations(session: Session) -> list[AlertDestination]:
 
 
 def set_enabled(session: Session, name: str, enabled: bool) -> AlertDestination:
-    """Enable or disable a destination (its delivery log stays)."""
+    """Enable or disable a destination (its delivery log stays).  A recipient its
+    customer removed is never turned on again (BadDestination)."""
     dest = get_destination(session, name)
+    if enabled and dest.removed_at is not None:
+        raise BadDestination(f"name: {name!r} was removed by its customer's admin; it is "
+                             "never turned on again")
     dest.enabled = enabled
     session.flush()
     return dest

@@ -1,9 +1,10 @@
-"""A month's evidence pack: everything a customer needs to check an issued report alone.
+"""An evidence pack: everything a customer needs to check an issued document alone.
 
-One ZIP file per contract and issued month, built from what is stored (nothing is
-rendered again):
+One ZIP file per contract and issued document -- a month's report (period ``YYYY-MM``)
+or a contract year's year-end statement (period ``year-K``) -- built from what is stored
+(nothing is rendered again), the same way for both:
 
-* the issued report, HTML and PDF, the exact stored bytes (:mod:`reports.documents`);
+* the issued document, HTML and PDF, the exact stored bytes (:mod:`reports.documents`);
 * ``SHA256SUMS`` (``sha256sum -c`` reads it): the report's two digests are those its
   ``report`` ledger entry records;
 * ``report-entry.json``: that entry's exact bytes (the Merkle leaf), and
@@ -16,10 +17,14 @@ rendered again):
   :func:`ledger.export.export_tar` that ``yoco-verify`` reads as it is;
 * ``README.txt``: what each file is, and the ``yoco-verify`` command that checks them all.
 
-Only an issued month has a pack (:class:`~reports.errors.NotIssued` otherwise), and only
-once a signed checkpoint holds its ``report`` entry (:class:`EvidenceNotReady`; the
-scheduler signs one right after issuing).  The same checkpoint and cosignatures give the
-same bytes: every member is dated with the log checkpoint's signing time.
+Only an issued document has a pack (:class:`~reports.errors.NotIssued` otherwise), and
+only once a signed checkpoint holds its ``report`` entry (:class:`EvidenceNotReady`; the
+scheduler signs one right after issuing).  For a contract with a witness policy
+(``terms.witnesses``) the log is cut at the newest checkpoint that meets it: a newer
+checkpoint with too few cosignatures is passed over, and when none that meets it holds
+the entry yet the pack is refused (:class:`EvidenceNotReady`, saying why).  The same
+checkpoint and cosignatures give the same bytes: every member is dated with the log
+checkpoint's signing time.
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ from ledger.export import export_tar, find_checkpoint
 from ledger.models import Checkpoint
 from ledger.services import inclusion_bundle
 from ledger.witnessing import cosigned_note
-from reports.documents import issued_document
-from reports.errors import NotIssued, ReportError
-from reports.models import MONTHLY
+from reports.documents import document_of, issued_document
+from reports.errors import BadMonth, NotIssued, ReportError
+from reports.models import MONTHLY, STATEMENT
 from reports.monthly import file_stem, parse_month, safe_name
+from reports.statement import statement_period, statement_stem
 from yoco_records.textsafe import safe_text
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "EvidenceNotReady",
     "EvidencePack",
     "build_evidence_pack",
+    "evidence_period",
     "pack_name",
 ]
 
@@ -62,7 +69,7 @@ STAGES = ("report", "proof", "log", "pack")
 
 
 class EvidenceNotReady(ReportError):
-    """The month was issued, but no signed checkpoint (meeting the contract's witness
+    """The document was issued, but no signed checkpoint (meeting the contract's witness
     policy) holds its ``report`` entry yet: the pack's log could not show it."""
 
 
@@ -71,7 +78,9 @@ class EvidencePack:
     """A built evidence pack: its file name and bytes, and what it rests on."""
 
     contract_id: str
-    month: str
+    #: ``YYYY-MM`` (a month's report) or ``year-K`` (a year-end statement).
+    period: str
+    document: str
     file_name: str
     data: bytes
     issued_checkpoint: int
@@ -80,10 +89,23 @@ class EvidencePack:
     files: tuple[str, ...]
 
 
-def pack_name(contract_id: str, month: str) -> str:
-    """The file name of the evidence pack of ``contract_id`` for ``month`` (``YYYY-MM``),
-    safe on every file system."""
-    return f"yoco-evidence-{safe_name(contract_id)}-{month}.zip"
+def pack_name(contract_id: str, period: str) -> str:
+    """The file name of the evidence pack of ``contract_id`` for ``period`` (``YYYY-MM``
+    or ``year-K``), safe on every file system."""
+    return f"yoco-evidence-{safe_name(contract_id)}-{period}.zip"
+
+
+def evidence_period(contract_id: str, period: str) -> tuple[str, str, str]:
+    """``period`` (``YYYY-MM``, or ``year-K`` for a year-end statement) as the document
+    kind, the period as stored and the stem of its files (the issued downloads' names).
+    Raises :class:`~reports.errors.BadMonth` for anything else."""
+    if document_of(period) == STATEMENT:
+        k = int(period.removeprefix("year-"))
+        return STATEMENT, statement_period(k), statement_stem(contract_id, k)
+    if period.startswith("year-"):
+        raise BadMonth(f"expected year-K with K from 1 to 999 (a contract year), got {period!r}")
+    year, mon = parse_month(period)
+    return MONTHLY, f"{year:04d}-{mon:02d}", file_stem(contract_id, year, mon)
 
 
 def _log_checkpoint(
@@ -115,28 +137,36 @@ def _log_checkpoint(
 def build_evidence_pack(
     session: Session,
     contract_id: str,
-    month: str,
+    period: str,
     *,
     tree_size: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> EvidencePack:
-    """The evidence pack of ``contract_id``'s issued report for ``month`` (``YYYY-MM``).
+    """The evidence pack of ``contract_id``'s issued document for ``period``: a month's
+    report (``YYYY-MM``) or contract year K's year-end statement (``year-K``), the same
+    contents for both.
 
     The log is exported at the signed checkpoint of ``tree_size`` (default: the newest
-    that meets the contract's witness policy), which must hold the report's ``report``
+    that meets the contract's witness policy), which must hold the document's ``report``
     entry.  Reads only.  Raises :class:`~reports.errors.BadMonth`,
-    :class:`~ledger.errors.UnknownContract`, :class:`~reports.errors.NotIssued` (a month
-    not issued has no pack), :class:`EvidenceNotReady`, and the errors of
+    :class:`~ledger.errors.UnknownContract`, :class:`~reports.errors.NotIssued` (a
+    document not issued has no pack), :class:`EvidenceNotReady`, and the errors of
     :func:`ledger.export.export_tar` (a log that does not hash to its signed root is
     never packed).  ``progress(stage)`` is called as each of :data:`STAGES` begins.
     """
     say = progress or (lambda _stage: None)
-    year, mon = parse_month(month)
-    label = f"{year:04d}-{mon:02d}"
+    document, label, stem = evidence_period(contract_id, period)
     spec = get_contract(session, contract_id)
     say("report")
-    doc = issued_document(session, contract_id, label, MONTHLY)
+    doc = issued_document(session, contract_id, label, document)
     if doc is None:
+        if document == STATEMENT:
+            raise NotIssued(
+                f"the year-end statement of contract year {label.removeprefix('year-')} of "
+                f"{contract_id!r} has not been issued (yet): only an issued statement has an "
+                "evidence pack (a statement is issued after billing's year close, over a "
+                "checkpoint that covers it)"
+            )
         raise NotIssued(
             f"the report of contract {contract_id!r} for {label} has not been issued (yet): "
             "only an issued month has an evidence pack (a month is issued after it ends, "
@@ -152,7 +182,6 @@ def build_evidence_pack(
     say("log")
     info, archive = export_tar(session, contract_id, log_cp.tree_size)
     say("pack")
-    stem = file_stem(contract_id, year, mon)
     log_name = f"{safe_name(contract_id)}-log-{info.tree_size}.tar.gz"
     checkpoint_name = f"checkpoint-{doc.checkpoint_size}"
     members: dict[str, bytes] = {
@@ -169,7 +198,8 @@ def build_evidence_pack(
     readme = _readme(
         contract_id=contract_id,
         customer=spec.customer,
-        month=label,
+        document=document,
+        period=label,
         stem=stem,
         log_name=log_name,
         checkpoint_name=checkpoint_name,
@@ -183,7 +213,8 @@ def build_evidence_pack(
     data = _zip(top, {"README.txt": readme.encode("utf-8"), **members}, log_cp.signed_at)
     return EvidencePack(
         contract_id=contract_id,
-        month=label,
+        period=label,
+        document=document,
         file_name=pack_name(contract_id, label),
         data=data,
         issued_checkpoint=doc.checkpoint_size,
@@ -213,7 +244,8 @@ def _readme(
     *,
     contract_id: str,
     customer: str,
-    month: str,
+    document: str,
+    period: str,
     stem: str,
     log_name: str,
     checkpoint_name: str,
@@ -231,9 +263,21 @@ def _readme(
         "   (your own copy, as signed) to hold the log to the policy you agreed.\n"
         if witnessed else ""
     )
+    if document == STATEMENT:
+        k = period.removeprefix("year-")
+        what = f"year-end statement of contract year {k}"
+        thing, things = "statement", "year-end statement"
+        figures = (
+            f"the year close the statement states (contract year {k}'s figures,\n"
+            "   recomputed from the entries before the close) and its credit, held to the\n"
+            "   contract's credit rule"
+        )
+    else:
+        what = f"monthly SLA report {period}"
+        thing, things = "report", "report"
+        figures = "every figure of the report, recomputed from the entries alone"
     # Stored text goes through the one neutraliser: `cat README.txt` prints it.
-    title = safe_text(
-        f"Evidence pack: monthly SLA report {month} of contract {contract_id} ({customer})")
+    title = safe_text(f"Evidence pack: {what} of contract {contract_id} ({customer})")
     log_root_b64 = base64.b64encode(log_root).decode()
     event_id = doc_fields["event_id"]
     command = (f"yoco-verify {log_name} --public-key operator.key --report {stem}.pdf "
@@ -241,7 +285,7 @@ def _readme(
     return f"""{title}
 {"=" * len(title)}
 
-The report was issued at {issued_at.isoformat(timespec="seconds")} over signed checkpoint
+The {thing} was issued at {issued_at.isoformat(timespec="seconds")} over signed checkpoint
 {size} of the contract's log (root {doc_fields["checkpoint_root_hash"]}),
 and its SHA-256 digests were recorded in ledger entry {seq} (event id {event_id}).
 The log archive here runs to signed checkpoint {log_size} (root {log_root_b64}),
@@ -250,13 +294,13 @@ which holds that entry.
 Files
 -----
 {stem}.pdf
-    The issued report (PDF), byte for byte as issued. SHA-256 {doc_fields["pdf_sha256"]}
+    The issued {things} (PDF), byte for byte as issued. SHA-256 {doc_fields["pdf_sha256"]}
 {stem}.html
-    The same report (HTML), byte for byte as issued. SHA-256 {doc_fields["html_sha256"]}
+    The same {thing} (HTML), byte for byte as issued. SHA-256 {doc_fields["html_sha256"]}
 SHA256SUMS
     The SHA-256 of every file here but this README and itself (check with:
     sha256sum -c SHA256SUMS).
-    The report's two digests are the html_sha256 and pdf_sha256 of its ledger entry.
+    The {thing}'s two digests are the html_sha256 and pdf_sha256 of its ledger entry.
 report-entry.json
     Ledger entry {seq}, the `report` entry, its exact bytes (RFC 8785 canonical JSON,
     the Merkle leaf).
@@ -264,7 +308,7 @@ report-entry-proof.json
     The inclusion proof of that entry (format yoco-inclusion-proof/v1) against signed
     checkpoint {log_size}, the one the log archive is exported at.
 {checkpoint_name}
-    The signed checkpoint the report was issued over (size {size}), as a C2SP
+    The signed checkpoint the {thing} was issued over (size {size}), as a C2SP
     signed note, with the witnesses' cosignatures it has.
 {log_name}
     The contract's whole log up to signed checkpoint {log_size}, in the C2SP
@@ -286,11 +330,11 @@ How to check it
    {command}
 {terms}
    It checks every entry of the log against the signed checkpoint and your key; that
-   each report file is the issued one, byte for byte (its SHA-256 is recorded by a
-   `report` entry of the log); that the report's checkpoint is the root of the log's
-   first {size} entries; every figure of the report, recomputed from the entries
-   alone; and that the log extends the checkpoint the report was issued over
-   (a consistency proof), listing every correction recorded since.
+   each {thing} file is the issued one, byte for byte (its SHA-256 is recorded by a
+   `report` entry of the log); that the {thing}'s checkpoint is the root of the log's
+   first {size} entries; {figures}; and that the log extends the checkpoint the
+   {thing} was issued over (a consistency proof), listing every correction recorded
+   since.
    It exits 0 and prints "OK: every check passed and every figure matches" only
    when all of that holds; otherwise it names each problem and exits 1.
 

@@ -267,6 +267,6 @@ class IssuedReportOut(BaseModel):
     html: str = Field(description="Download of the issued HTML (these exact bytes).")
     pdf: str = Field(description="Download of the issued PDF (these exact bytes).")
     proof: str = Field(description="The report entry's inclusion proof.")
-    evidence: str | None = Field(description="The month's evidence pack (ZIP): the report, "
-                                 "its entry and proof, checkpoints, the log archive and a "
-                                 "README saying how to check them (a monthly report).")
+    evidence: str | None = Field(description="The document's evidence pack (ZIP): the "
+                                 "report or statement, its entry and proof, checkpoints, "
+                                 "the log archive and a README saying how to check them.")

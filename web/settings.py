@@ -21,6 +21,11 @@ class WebSettings(BaseSettings):
     #: ``auto``: cookies are Secure when the request came over HTTPS; ``always`` / ``never``.
     secure_cookies: str = "auto"
     session_hours: float = 12.0
+    #: The operator's e-mail alert destination (its name: ``yoco alerts add-email``)
+    #: whose SMTP server, login and From address carry the alerts of the e-mail
+    #: recipients a customer's admin adds at ``/account/alerts``; unset: that page
+    #: offers webhooks only.
+    customer_mail_via: str | None = None
     #: The operator's target for deciding a customer's dispute, in days, shown to the
     #: customer beside each open dispute (with how long it has waited).
     dispute_response_days: int = Field(default=10, ge=1)

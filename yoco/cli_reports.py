@@ -344,20 +344,28 @@ def issue(
 
 def evidence(
     contract: Annotated[str, typer.Option("--contract", help="The contract's id.")],
-    month: Annotated[
-        str, typer.Option(help="The issued month, YYYY-MM (in the contract's time zone).")
-    ],
     out_file: Annotated[
         Path, typer.Option("--out", help="The ZIP file to write (never overwritten).")
     ],
+    month: Annotated[
+        str | None,
+        typer.Option(help="The issued month, YYYY-MM (in the contract's time zone)."),
+    ] = None,
+    year: Annotated[
+        int | None,
+        typer.Option("--year", min=1, max=999,
+                     help="Contract year K: the pack of its issued year-end statement."),
+    ] = None,
 ) -> None:
-    """Write the evidence pack of an issued month: one ZIP file a customer checks alone.
+    """Write the evidence pack of an issued month (--month) or year-end statement
+    (--year): one ZIP file a customer checks alone.
 
-    It holds the issued report (HTML and PDF, the stored bytes), their digests, the
-    report's ledger entry and its inclusion proof, the signed checkpoint the report was
-    issued over (with its cosignatures), the contract's whole log up to a checkpoint
-    holding that entry, and a README with the yoco-verify command that checks it all.
-    Only an issued month has a pack.  An existing --out file is never overwritten.
+    It holds the issued document (HTML and PDF, the stored bytes), their digests, its
+    ledger entry and its inclusion proof, the signed checkpoint it was issued over (with
+    its cosignatures), the contract's whole log up to a checkpoint holding that entry
+    (for a contract with a witness policy, the newest that meets it), and a README with
+    the yoco-verify command that checks it all.  Only an issued document has a pack.  An
+    existing --out file is never overwritten.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -365,16 +373,23 @@ def evidence(
     from reports import monthly as rm
     from reports.errors import BadMonth, NotIssued
     from reports.evidence import STAGES, build_evidence_pack
+    from reports.statement import statement_period
     from yoco.database import unit_of_work
 
-    try:
-        rm.parse_month(month)
-    except BadMonth as exc:
-        fail(f"--month: {exc}")
+    if (month is None) == (year is None):
+        fail("--month/--year: give one of --month YYYY-MM (an issued month) or --year K "
+             "(an issued year-end statement)")
+    field = "--month" if year is None else "--year"
+    if month is not None:
+        try:
+            rm.parse_month(month)
+        except BadMonth as exc:
+            fail(f"--month: {exc}")
+    period = month if year is None else statement_period(year)
     if out_file.exists() or out_file.is_symlink():
         fail(f"--out: {out_file} exists: nothing was written (choose another path, or "
              "remove it first)")
-    words = {"report": "reading the issued report", "proof": "proving its ledger entry",
+    words = {"report": "reading the issued document", "proof": "proving its ledger entry",
              "log": "exporting the log", "pack": "packing"}
     with application() as ctx, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -387,11 +402,11 @@ def evidence(
 
         try:
             with unit_of_work(ctx.engine) as s:
-                pack = build_evidence_pack(s, contract, month, progress=step)
+                pack = build_evidence_pack(s, contract, period or "", progress=step)
         except UnknownContract as exc:
             fail(f"--contract: {exc}")
         except NotIssued as exc:
-            fail(f"--month: {exc}")
+            fail(f"{field}: {exc}")
         bar.update(task, completed=len(STAGES))
     try:
         out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -407,8 +422,9 @@ def evidence(
     except OSError as exc:
         fail(f"--out: cannot write {out_file}: {exc.strerror or exc}")
     out.print(shown(
-        f"evidence pack of {contract} {pack.month} written to {out_file} "
-        f"({len(pack.data):,} bytes): the issued report over checkpoint "
+        f"evidence pack of {contract} {pack.period} written to {out_file} "
+        f"({len(pack.data):,} bytes): the issued "
+        f"{'statement' if year is not None else 'report'} over checkpoint "
         f"{pack.issued_checkpoint}, its ledger entry {pack.report_seq} and proof, and the "
         f"log up to checkpoint {pack.log_tree_size}; see README.txt inside for the "
         "yoco-verify command that checks it"), highlight=False, soft_wrap=True)

@@ -12,7 +12,12 @@ from alerts.models import ALERT_TABLES
 from tests.test_roles_db import _refused, engines  # noqa: F401  (fixture)
 
 _m = importlib.import_module("migrations.versions.0017_alerts")
-UPDATABLE: dict[str, tuple[str, ...]] = _m.UPDATABLE
+_m27 = importlib.import_module("migrations.versions.0027_customer_email_alerts")
+#: What 0017 granted, and the column 0027 added (a customer's removed recipient).
+UPDATABLE: dict[str, tuple[str, ...]] = {
+    table: (*_m.UPDATABLE.get(table, ()), *_m27.UPDATABLE.get(table, ()))
+    for table in {*_m.UPDATABLE, *_m27.UPDATABLE}
+}
 
 
 def test_the_application_role_has_exactly_the_alerts_privileges(owner_engine) -> None:
@@ -46,7 +51,8 @@ def test_no_process_role_may_delete_truncate_or_rewrite_alerts(
     key_column = {"alert_destinations": "url", "alert_events": "key",
                   "alert_deliveries": "event_id", "alert_attempts": "ok",
                   "alert_year_standings": "contract_id",
-                  "alert_replays": "requested_by"}[table]
+                  "alert_replays": "requested_by",
+                  "alert_destination_changes": "changed_by"}[table]
     allowed = []
     for who, engine in engines.items():
         for sql in (

@@ -151,6 +151,34 @@ def _a_fresh_hook(c: TestClient, cid: str) -> str:
     return name
 
 
+def _relay(c: TestClient) -> None:
+    """The operator's e-mail relay the walk app names (customer_mail_via), once."""
+    from alerts.services import add_email, list_destinations
+
+    with c.app.state.portal.db.write() as s:  # type: ignore[attr-defined]
+        if "walk-relay" not in {d.name for d in list_destinations(s)}:
+            add_email(s, name="walk-relay", host="127.0.0.1", port=25,
+                      mail_from="alerts@vendor.example", mail_to=["ops@vendor.example"])
+
+
+def _a_fresh_recipient(c: TestClient, cid: str) -> str:
+    """A new e-mail recipient of the contract's customer (each call removes one)."""
+    from alerts.services import add_customer_email
+
+    _relay(c)
+    with c.app.state.portal.db.write() as s:  # type: ignore[attr-defined]
+        return add_customer_email(
+            s, customer=_CUSTOMERS[cid], address=f"walk-{uuid.uuid4().hex[:8]}@acme.example",
+            events=["year_missed"], relay="walk-relay", changed_by="walk").name
+
+
+def _add_recipient(c: TestClient, csrf: str) -> Any:
+    _relay(c)
+    return c.post("/account/alerts/emails", data={
+        "csrf_token": csrf, "email": f"walk-{uuid.uuid4().hex[:8]}@acme.example"},
+        follow_redirects=False)
+
+
 CASES: dict[tuple[str, str], Case] = {
     ("POST", "/account/tokens"): Case(
         call=lambda c, cid, csrf, seed: c.post(
@@ -172,6 +200,14 @@ CASES: dict[tuple[str, str], Case] = {
         call=lambda c, cid, csrf, seed: c.post(
             f"/account/alerts/{_a_fresh_hook(c, cid)}/disable", data={"csrf_token": csrf},
             follow_redirects=False),
+        expect=_customer_admin_only, writes=False),
+    ("POST", "/account/alerts/emails"): Case(
+        call=lambda c, cid, csrf, seed: _add_recipient(c, csrf),
+        expect=_customer_admin_only, writes=False, tenanted=False),
+    ("POST", "/account/alerts/emails/{name}/remove"): Case(
+        call=lambda c, cid, csrf, seed: c.post(
+            f"/account/alerts/emails/{_a_fresh_recipient(c, cid)}/remove",
+            data={"csrf_token": csrf}, follow_redirects=False),
         expect=_customer_admin_only, writes=False),
     ("POST", "/login"): Case(
         call=lambda c, cid, csrf, seed: c.post(
@@ -263,7 +299,8 @@ def walk_app(seeded: Any) -> Any:
     from web.settings import WebSettings
 
     ctx, _ = seeded
-    return create_app(ctx, WebSettings(secret_key="walk", figures_ttl_seconds=0),
+    return create_app(ctx, WebSettings(secret_key="walk", figures_ttl_seconds=0,
+                                       customer_mail_via="walk-relay"),
                       hasher=password_hasher(cheap=True), clock=lambda: NOW)
 
 
@@ -334,6 +371,8 @@ def test_every_write_route_allows_exactly(walk_app, seeded, tokens) -> None:
         ("POST", "/login"), ("POST", "/logout")))
     assert allowed == sorted([
         ("POST", "/account/alerts", "cust_a", None),
+        ("POST", "/account/alerts/emails", "cust_a", None),
+        ("POST", "/account/alerts/emails/{name}/remove", "cust_a", "A"),
         ("POST", "/account/alerts/{name}/{action}", "cust_a", "A"),
         ("POST", "/account/tokens", "cust_a", None),
         ("POST", "/account/tokens/{prefix}/revoke", "cust_a", "A"),

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
             "Examples:\n"
             "  yoco-verify C-1-log-812.tar.gz --public-key key.txt\n"
             "  yoco-verify C-1-log-812.tar.gz -k key.txt --report yoco-sla-C-1-2026-03.pdf\n"
+            "  yoco-verify C-1-log-812.tar.gz -k key.txt "
+            "--report yoco-statement-C-1-year-1.pdf\n"
             "  yoco-verify C-1-log-812.tar.gz -k key.txt --mine my-failures.csv\n"
             "  yoco-verify C-1-log-900.tar.gz -k key.txt --since C-1-log-812.tar.gz\n"
             "Exit 0 only when every check passes and every figure matches."
@@ -70,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         action="append",
         default=[],
-        help="a monthly report (HTML or PDF) to recompute; repeatable",
+        help="a monthly report (HTML or PDF) to recompute, or a year-end statement "
+        "(its bytes, checkpoint, year close and credit checked); repeatable",
     )
     p.add_argument(
         "--mine",
@@ -153,6 +156,9 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
         seq, entry = issued_entry(digest, led.bodies)
     except VerifyError as exc:
         out.bad(f"report {path.name}: issued: {exc}")
+    if entry is not None and entry.get("report") == STATEMENT:
+        _check_statement(path, digest, seq, entry, log, led, out)
+        return
     rep = read_report(path)
     b = rep.block
     out.ok(
@@ -226,6 +232,68 @@ def _check_report(path: Path, log: VerifiedLog, led: Ledger, out: _Out) -> None:
                 )
     for problem in rec.credit_problems:
         out.bad(f"  credit: {problem}")
+
+
+#: The ``report`` field of a year-end statement's entry (a monthly report's is
+#: ``monthly-sla``).
+STATEMENT = "year-statement"
+
+
+def _check_statement(path: Path, digest: str, seq: int, entry: dict[str, Any],
+                     log: VerifiedLog, led: Ledger, out: _Out) -> None:
+    """A year-end statement (no figures block): its bytes are recorded by ``entry``
+    (found already); its checkpoint is the root of the log's first entries; the year's
+    close under that checkpoint states the figures the entries before it give, and its
+    credit follows the rule; the statement shows the close's figures and verdict."""
+    from yoco_verify.figures import year_close, year_problems
+    from yoco_verify.report import visible_text
+    from yoco_verify.shared.billing import display
+    from yoco_verify.shared.billing.inforce import in_force
+
+    k, size = entry.get("year"), entry.get("checkpoint_tree_size")
+    out.ok(f"statement {path.name}: {entry.get('contract_id')} contract year {k}, "
+           f"checkpoint {size}")
+    out.ok(f"  issued: its SHA-256 {digest} is recorded by report entry {seq}")
+    if not isinstance(k, int) or not isinstance(size, int) or not 0 < size <= log.size:
+        out.bad(f"  checkpoint: the statement's tree size {size!r} is not in this export "
+                f"(1..{log.size})")
+        return
+    root = base64.b64encode(log.prefix_root(size)).decode()
+    if entry.get("checkpoint_root_hash") != root:
+        out.bad(f"  checkpoint: the statement's root hash {entry.get('checkpoint_root_hash')} "
+                f"is not the root of the log's first {size} entries ({root})")
+        return
+    out.ok(f"  checkpoint {size}: root {root} matches the log's first {size} entries")
+    sub = led if size == led.size else led.prefix(size)
+    close = year_close(sub, k)
+    if close is None:
+        out.bad(f"  close: no close of contract year {k} under checkpoint {size}")
+        return
+    inf = in_force(sub.contract, sub.amendments, k)
+    figures = close.get("figures") or {}
+    try:
+        covered, resolved = int(figures["covered_failures"]), int(figures["resolved_failures"])
+        met = figures["guarantee_met"]
+    except (KeyError, TypeError, ValueError):
+        out.bad(f"  close: entry {close['_seq']} states no figures of contract year {k}")
+        return
+    verdict = display.verdict(resolved, covered, inf.terms.threshold_percent, True)
+    problems = year_problems(sub, k, inf, (resolved, covered, met is True))
+    for problem in problems:
+        out.bad(f"  close: {problem}")
+    if not problems:
+        out.ok(f"  close: entry {close['_seq']} states contract year {k}'s figures as the "
+               f"entries before it give them ({display.rate_text(resolved, covered)}, "
+               f"{verdict.word}); its credit follows the rule")
+    text = visible_text(path).casefold()
+    for label, value in (("covered failures", covered), ("resolved", resolved),
+                         (f"contract year {k}:", verdict.word)):
+        want = f"{label} {value}".casefold()
+        if want in text:
+            out.ok(f"  shows {label} {value}  matches")
+        else:
+            out.bad(f"  visible text: the statement does not show {label} {value!r} as its "
+                    "close states it  DIFFERS")
 
 
 def _check_policy(log: VerifiedLog, led: Ledger, terms: Path | None, out: _Out) -> None:

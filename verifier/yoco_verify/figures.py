@@ -21,7 +21,7 @@ from yoco_verify.shared.billing.inforce import InForce, in_force
 from yoco_verify.shared.billing.money import credit_minor_units, format_minor
 from yoco_verify.shared.billing.years import contract_year_bounds, month_bounds, year_of
 
-__all__ = ["Recomputed", "credit_view", "recompute"]
+__all__ = ["Recomputed", "credit_view", "recompute", "year_close", "year_problems"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +192,6 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
         del rows["lost_cost"]
 
     credit = credit_view(led, k)
-    problems: list[str] = []
     if credit:
         text = display.credit_text(credit, cur)
     elif closed_year and not fy.guarantee_met:
@@ -200,7 +199,24 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
     else:
         text = "no credit"
     rows["credit"] = ("—", text)
-    # The credit rule: 25 % (the terms' credit_percent) of the renewal value, half up.
+    closed = (fy.resolved_failures, fy.covered_failures, fy.guarantee_met)
+    problems = year_problems(led, k, inf, closed if closed_year else None)
+    return Recomputed(rows, fm, fy, problems, k, inf)
+
+
+def year_problems(
+    led: Ledger, k: int, inf: InForce, closed: tuple[int, int, bool] | None
+) -> list[str]:
+    """What is wrong with contract year ``k``'s close and credit in ``led``: a credit the
+    rule does not give (the terms' ``credit_percent`` of the credit base, half up), a
+    close (or adjustment) whose figures the entries before it do not give, and -- given
+    the ``closed`` year's resolved and covered failures and whether its guarantee was
+    met -- a missed year with no live credit or a met one
+    with a live credit.  The one check of a year's close, for a monthly report's year
+    column and a year-end statement alike."""
+    contract, terms = inf.contract, inf.terms
+    credit = credit_view(led, k)
+    problems: list[str] = []
     for c in led.credits:
         if c.year != k:
             continue
@@ -216,14 +232,21 @@ def recompute(led: Ledger, block: dict[str, Any]) -> Recomputed:
     closes = [c for c in led.year_closes if int(c.get("year", 0)) == k]
     for close in closes:
         problems.extend(_check_close(led, close, k))
-    if closes and closed_year:
+    if closes and closed is not None:
+        resolved, covered, met = closed
         live = credit is not None and credit["status"] != "void"
-        if not fy.guarantee_met and not live:
+        if not met and not live:
             problems.append(
                 f"contract year {k} is closed and its guarantee is missed "
-                f"({display.rate_text(fy.resolved_failures, fy.covered_failures)}), "
-                "but no live credit is recorded"
+                f"({display.rate_text(resolved, covered)}), but no live credit is recorded"
             )
-        if fy.guarantee_met and live:
+        if met and live:
             problems.append(f"contract year {k} meets its guarantee, but a live credit is recorded")
-    return Recomputed(rows, fm, fy, problems, k, inf)
+    return problems
+
+
+def year_close(led: Ledger, k: int) -> dict[str, Any] | None:
+    """The latest close (or adjustment) of contract year ``k`` in ``led``, with its entry
+    number under ``_seq``; None when the year was never closed."""
+    closes = [c for c in led.year_closes if int(c.get("year", 0)) == k]
+    return max(closes, key=lambda c: int(c["_seq"])) if closes else None

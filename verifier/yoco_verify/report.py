@@ -29,6 +29,7 @@ __all__ = [
     "file_digest",
     "issued_entry",
     "read_report",
+    "visible_text",
 ]
 
 FIGURES_FORMAT = "yoco-report-figures/v1"
@@ -128,6 +129,35 @@ def read_report(path: Path) -> Report:
         )
     block = _parse_block("".join(parser.block), path)
     return Report(path, block, _norm("".join(parser.text)), digest)
+
+
+def visible_text(path: Path) -> str:
+    """The text a reader sees in ``path`` (HTML without scripts and styles, or the PDF's
+    extracted text), white space collapsed: for a document with no figures block (a
+    year-end statement).  :class:`VerifyError` when it cannot be read."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise VerifyError(f"{path}: cannot read: {exc}") from None
+    if data.startswith(b"%PDF"):
+        import io
+
+        try:
+            from pypdf import PdfReader
+
+            pages = PdfReader(io.BytesIO(data)).pages
+            return _norm(" ".join(page.extract_text() or "" for page in pages))
+        except Exception as exc:  # pypdf raises many kinds on a broken file
+            raise VerifyError(f"{path.name}: cannot read the PDF: {exc}") from None
+    try:
+        html = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerifyError(f"{path.name}: neither a PDF nor UTF-8 HTML") from None
+    parser = _Html()
+    parser.feed(html)
+    parser.close()
+    return _norm("".join(parser.text))
 
 
 def _read_pdf(path: Path, data: bytes, digest: str) -> Report:

@@ -63,8 +63,7 @@ def issued_out(doc: ri.IssuedReport) -> IssuedReportOut:
         html=f"{base}/reports/{doc.period}.html",
         pdf=f"{base}/reports/{doc.period}.pdf",
         proof=f"{base}/entries/{doc.event_id}/proof",
-        evidence=f"{base}/reports/{doc.period}/evidence.zip" if doc.document == MONTHLY
-        else None,
+        evidence=f"{base}/reports/{doc.period}/evidence.zip",
     )
 
 
@@ -156,21 +155,24 @@ def _get_report(
     response_class=Response,
     responses={200: {"content": {"application/zip": {}},
                      "description": "The evidence pack: README.txt says how to check it."},
-               404: {"description": "No such contract for you, or the month is not issued."},
+               404: {"description": "No such contract for you, or the month (or the "
+                     "year-end statement) is not issued."},
                409: {"description": "No signed checkpoint holds the report's entry yet."}},
 )
 def get_evidence(
     request: Request,
     contract_id: str,
-    month: Annotated[str, Path(description="YYYY-MM: an issued month")],
+    month: Annotated[str, Path(description="YYYY-MM: an issued month, or year-K: an "
+                                           "issued year-end statement")],
     reader: ReaderDep,
     portal: PortalDep,
 ) -> Response:
-    """An issued month's evidence pack (ZIP): the report's exact bytes, their digests, its
-    ``report`` entry and inclusion proof, the checkpoint it was issued over (with its
-    cosignatures), the contract's log archive up to a checkpoint holding the entry (what
-    ``yoco-verify`` reads), and a README giving the ``yoco-verify`` command.  The tag
-    names the pack's bytes (its log checkpoint moves on as the log is signed)."""
+    """An issued month's (or year-end statement's) evidence pack (ZIP): the document's
+    exact bytes, their digests, its ``report`` entry and inclusion proof, the checkpoint
+    it was issued over (with its cosignatures), the contract's log archive up to a
+    checkpoint holding the entry (what ``yoco-verify`` reads), and a README giving the
+    ``yoco-verify`` command.  The tag names the pack's bytes (its log checkpoint moves on
+    as the log is signed)."""
     _state(portal, reader, contract_id)
     response = evidence_download(portal, reader, contract_id, month)
     etag = portal.etag("api-evidence", scope_key(reader), contract_id, month,

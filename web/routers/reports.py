@@ -6,8 +6,9 @@ bytes (their SHA-256 is the ``report`` ledger entry's); a month not issued yet i
 to its draft (``?draft=1``), which is rendered over the latest signed checkpoint and
 says on every page that it is a draft and not the issued report.  ``year-K`` in place
 of the month serves contract year K's issued year-end statement (no drafts of those).
-``/contracts/{id}/reports/{YYYY-MM}/evidence.zip`` is an issued month's evidence pack
-(:mod:`reports.evidence`; the API serves the same, :func:`evidence_download`).
+``/contracts/{id}/reports/{YYYY-MM}/evidence.zip`` is an issued month's evidence pack,
+``…/reports/year-K/evidence.zip`` an issued year-end statement's (:mod:`reports.evidence`;
+the API serves the same, :func:`evidence_download`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from reports import issued as ri
 from reports.documents import document_of
 from reports.errors import NotIssued
 from reports.evidence import EvidenceNotReady, build_evidence_pack
-from reports.models import MONTHLY, STATEMENT
+from reports.models import STATEMENT
 from reports.monthly import PreparedReport, finish_report
 from web import services
 from web.accounts import Principal
@@ -213,21 +214,29 @@ def report_pdf(
 
 
 def evidence_download(
-    portal: Portal, principal: Principal, contract_id: str, month: str
+    portal: Portal, principal: Principal, contract_id: str, period: str
 ) -> Response:
-    """The evidence pack of ``contract_id``'s issued ``month`` as a ZIP download, for the
-    portal and the API alike: 404 for a contract the caller may not see (as a missing
-    one), a period that is no month, or a month not issued (saying so); 409 while no
-    signed checkpoint holds the report's entry yet."""
-    if document_of(month) != MONTHLY:
+    """The evidence pack of ``contract_id``'s issued document for ``period`` -- a month's
+    report (``YYYY-MM``) or a year-end statement (``year-K``) -- as a ZIP download, for
+    the portal and the API alike: 404 for a contract the caller may not see (as a
+    missing one), a period that is neither, or a document not issued (saying so); 409
+    while no signed checkpoint (meeting the contract's witness policy) holds its entry."""
+    document = document_of(period)
+    if document is None:
         raise NotFound()
     with portal.db.read(principal, snapshot=True) as db:
         services.contract_for(db, principal, contract_id)
         try:
-            pack = build_evidence_pack(db, contract_id, month)
+            pack = build_evidence_pack(db, contract_id, period)
         except NotIssued:
+            if document == STATEMENT:
+                raise NotFound(
+                    f"The statement of contract {period.replace('-', ' ')} has not been "
+                    "issued (yet): only an issued statement has an evidence pack. A "
+                    "statement is issued after the year is closed."
+                ) from None
             raise NotFound(
-                f"The report of {month} has not been issued (yet): only an issued month "
+                f"The report of {period} has not been issued (yet): only an issued month "
                 "has an evidence pack. A month is issued after it ends."
             ) from None
         except EvidenceNotReady as exc:
@@ -244,7 +253,8 @@ def evidence_download(
 def report_evidence(
     contract_id: str, month: str, user: UserDep, portal: PortalDep
 ) -> Response:
-    """The issued month's evidence pack (ZIP): the report as issued, its digests, its
-    ledger entry and proof, the checkpoint it was issued over, the log archive and a
-    README saying how to check it with yoco-verify."""
+    """The evidence pack (ZIP) of an issued month (``YYYY-MM``) or year-end statement
+    (``year-K``): the document as issued, its digests, its ledger entry and proof, the
+    checkpoint it was issued over, the log archive and a README saying how to check it
+    with yoco-verify."""
     return evidence_download(portal, user, contract_id, month)
