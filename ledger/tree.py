@@ -1,24 +1,38 @@
-"""The Merkle tree of each log, kept in ``merkle_nodes`` as perfect-subtree hashes.
+"""The Merkle tree of each log: perfect-subtree hashes, the high ones kept in ``merkle_nodes``.
 
-Appending, computing a root and building a proof each read only the O(log n)
-nodes they need (one query), never the whole log.
+A perfect node of height :data:`STORED_FROM` or more is stored once it is complete; a
+lower one covers fewer than ``2**STORED_FROM`` leaves and is recomputed, when read,
+from the leaf hashes the journal stores anyway (``journal_entries.leaf_hash``, which
+``yoco ledger verify`` checks against the canonical bytes). Appending, computing a root
+and building a proof each read only the O(log n) stored nodes they need (one query) and
+at most a few aligned blocks of ``2**STORED_FROM`` leaf hashes (one more), never the
+whole log. Logs written before nodes were thinned out also hold their low nodes; they
+are no longer read (``verify`` still checks them).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from ledger import merkle
 from ledger.bulk import copy_binary, text_field
 from ledger.errors import InvariantBroken, LogInconsistent
+from ledger.tiles import compute_levels
 
 #: The Merkle nodes' COPY columns and their types (see :func:`node_rows`).
 NODE_COLUMNS = ("log_id", "level", "idx", "hash")
 NODE_TYPES = ("text", "int2", "int8", "bytea")
 _NODE_FIELDS = struct.Struct(">ihiqi32s")
+
+#: The lowest height of a stored node: the tile height of C2SP tlog-tiles
+#: (:data:`ledger.tiles.TILE_HEIGHT`), so a stored node of this height is the hash of a
+#: full tile of leaves. Writing only these cuts the node rows of an append from about two
+#: a leaf (its leaf hash again, and the interior nodes it completes) to one in 128.
+STORED_FROM = 8
 
 # The wanted coordinates travel as two arrays, so the statement's text is the same for
 # every proof (the driver prepares it once). Each coordinate is looked up by a LATERAL
@@ -35,21 +49,41 @@ _LOAD_NODES_SQL = (
 )
 
 
+# The leaf hashes of ranges of a log's entries, one range of the journal's primary key
+# each (the ranges travel as two arrays, for the same reason as the nodes' coordinates).
+_LOAD_LEAVES_SQL = (
+    "SELECT e.seq, e.leaf_hash FROM unnest(%s::int8[], %s::int8[]) AS r(lo, hi) "
+    "CROSS JOIN LATERAL (SELECT j.seq, j.leaf_hash FROM journal_entries AS j "
+    "WHERE j.log_id = %s AND j.seq >= r.lo AND j.seq < r.hi ORDER BY j.seq "
+    f"LIMIT {1 << STORED_FROM}) AS e"
+)
+
+
 def load_nodes(
     session: Session, log_id: str, coords: Iterable[tuple[int, int]]
 ) -> dict[tuple[int, int], bytes]:
-    """Fetch the nodes at ``coords`` of log ``log_id`` in one query; missing nodes are an error."""
+    """The nodes at ``coords`` of log ``log_id``; a node that cannot be had is an error.
+
+    Stored nodes (height :data:`STORED_FROM` and up) come from one query, lower ones from
+    the leaf hashes of their aligned blocks of ``2**STORED_FROM`` entries (one more).
+    """
     wanted = sorted(set(coords))
     if not wanted:
         return {}
     conn = session.connection().connection.driver_connection
     if conn is None:
         raise InvariantBroken("the session's database connection is closed")
+    stored = [c for c in wanted if c[0] >= STORED_FROM]
+    low = [c for c in wanted if c[0] < STORED_FROM]
+    found: dict[tuple[int, int], bytes] = {}
     with conn.cursor(binary=True) as cur:
-        cur.execute(
-            _LOAD_NODES_SQL, ([lv for lv, _ in wanted], [ix for _, ix in wanted], log_id)
-        )
-        found = {(level, idx): bytes(h) for level, idx, h in cur.fetchall()}
+        if stored:
+            cur.execute(
+                _LOAD_NODES_SQL, ([lv for lv, _ in stored], [ix for _, ix in stored], log_id)
+            )
+            found.update(((level, idx), bytes(h)) for level, idx, h in cur.fetchall())
+        if low:
+            found.update(_low_nodes(cur, log_id, low))
     missing = [c for c in wanted if c not in found]
     if missing:
         raise LogInconsistent(log_id, f"Merkle nodes (level, index) {missing[:5]} are missing "
@@ -57,15 +91,57 @@ def load_nodes(
     return found
 
 
+def _low_nodes(
+    cur: Any, log_id: str, coords: list[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    """The nodes at ``coords`` (all below :data:`STORED_FROM`) recomputed from leaf hashes.
+
+    Each lies inside one aligned block of ``2**STORED_FROM`` leaves: the block's leaves
+    are read from its start up to the last one a wanted node covers, and hashed up.
+    Nodes whose leaves the journal does not hold (yet) are left out.
+    """
+    ends: dict[int, int] = {}  # block -> end of the leaves wanted from it
+    for level, idx in coords:
+        block = (idx << level) >> STORED_FROM
+        ends[block] = max(ends.get(block, 0), (idx + 1) << level)
+    blocks = sorted(ends)
+    cur.execute(
+        _LOAD_LEAVES_SQL,
+        ([b << STORED_FROM for b in blocks], [ends[b] for b in blocks], log_id),
+    )
+    leaves: dict[int, list[bytes]] = {b: [] for b in blocks}
+    for seq, leaf in cur.fetchall():
+        held = leaves[seq >> STORED_FROM]
+        if seq == ((seq >> STORED_FROM) << STORED_FROM) + len(held):  # contiguous
+            held.append(bytes(leaf))
+    found: dict[tuple[int, int], bytes] = {}
+    by_block: dict[int, list[list[bytes]]] = {}
+    for level, idx in coords:
+        block = (idx << level) >> STORED_FROM
+        levels = by_block.get(block)
+        if levels is None:
+            levels = by_block[block] = compute_levels(leaves[block])
+        at = idx - ((block << STORED_FROM) >> level)
+        if level < len(levels) and at < len(levels[level]):
+            found[(level, idx)] = levels[level][at]
+    return found
+
+
 def append_leaves(
     session: Session, log_id: str, old_size: int, leaf_hashes: Sequence[bytes]
 ) -> None:
-    """Store the nodes created by appending ``leaf_hashes`` to a log of ``old_size`` leaves."""
+    """Store the nodes of height :data:`STORED_FROM` and up that appending ``leaf_hashes``
+    to a log of ``old_size`` leaves completes.
+
+    The log's first ``old_size`` entries must be in the journal (the frontier's low nodes
+    are recomputed from their leaf hashes); the new ones need not be yet.
+    """
     if not leaf_hashes:
         return
     frontier = load_nodes(session, log_id, merkle.frontier_coords(old_size))
-    nodes = merkle.appended_nodes(old_size, frontier, leaf_hashes)
-    copy_binary(session, "merkle_nodes", NODE_COLUMNS, node_rows(log_id, nodes))
+    nodes = merkle.appended_nodes(old_size, frontier, leaf_hashes, lowest=STORED_FROM)
+    if nodes:
+        copy_binary(session, "merkle_nodes", NODE_COLUMNS, node_rows(log_id, nodes))
 
 
 def node_rows(log_id: str, nodes: Iterable[tuple[int, int, bytes]]) -> Iterator[bytes]:

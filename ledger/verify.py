@@ -5,7 +5,8 @@
 * the sequence is contiguous from 0 and matches the log's size;
 * each entry's leaf hash is SHA-256(0x00 ‖ canonical bytes) as stored, and
   its queryable copy (jsonb body, kind, event id) says what the bytes say;
-* every stored perfect-subtree node equals the one recomputed from the leaves;
+* every stored perfect-subtree node equals the one recomputed from the leaves, and every
+  one of height :data:`ledger.tree.STORED_FROM` or more is stored;
 * every signed checkpoint has a valid signature and the root recomputed at
   its size;
 
@@ -27,7 +28,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from ledger import merkle, note
+from ledger import merkle, note, tree
 from ledger.errors import InvariantBroken, NoteError, VerificationFailed, ensure
 from ledger.models import PROJECTION_TABLES, Checkpoint, LedgerLog
 from ledger.projections import Projector
@@ -112,6 +113,8 @@ _UPPER_NODES_SQL = (
     "FROM merkle_nodes WHERE log_id = %(log)s AND (level > %(top)s OR level < 0) "
     "GROUP BY level"
 )
+# The leaf nodes a log stores (only one written when every node was stored holds any).
+_LEGACY_SQL = text("SELECT count(*) FROM merkle_nodes WHERE log_id = :log AND level = 0")
 _ROWS_SQL = text(
     f"SELECT seq, event_id, canonical, leaf_hash, ({_SAME}) "
     "FROM journal_entries WHERE log_id = :log AND seq >= :lo AND seq < :hi ORDER BY seq"
@@ -223,10 +226,22 @@ def _node_mismatch(log_id: str, level: int, idx: int) -> VerificationFailed:
 
 
 def _compare_level(
-    log_id: str, level: int, first: int, want: list[bytes], stored: tuple[int, bytes]
+    log_id: str,
+    level: int,
+    first: int,
+    want: list[bytes],
+    stored: tuple[int, bytes],
+    legacy: int,
 ) -> int:
-    """Compare the stored nodes ``first, first + 1, ...`` of ``level`` with ``want``."""
+    """Compare the stored nodes ``first, first + 1, ...`` of ``level`` with ``want``.
+
+    From height :data:`ledger.tree.STORED_FROM` up every node is stored. Below it a log
+    holds only what was written when every node was stored: all the nodes of its first
+    ``legacy`` entries (its count of stored leaf nodes), which must be exactly there.
+    """
     count, blob = stored
+    if 0 <= level < tree.STORED_FROM:
+        want = want[: max(0, (legacy >> level) - first)]
     if count != len(want) or blob != b"".join(want):
         i = next(
             (
@@ -275,6 +290,15 @@ def verify_log(
     # needs no sort (a third of the chunk query's time). Only the plan changes.
     bitmap = session.execute(text("SELECT current_setting('enable_bitmapscan')")).scalar_one()
     session.execute(text("SELECT set_config('enable_bitmapscan', 'off', true)"))
+    # Leaf nodes are stored only by a log written when every node was (tree.STORED_FROM):
+    # their count says up to which entry its low nodes must all be there.
+    with _driver(session).cursor(binary=True) as cur:
+        # Nodes outside the tree first: the count below reads only the ones inside.
+        cur.execute(_STRAY_NODES_SQL, {"log": log_id, "size": size, "top": top})
+        stray = cur.fetchone()
+        if stray is not None:
+            raise _node_mismatch(log_id, stray[0], stray[1])
+    legacy = session.execute(_LEGACY_SQL, {"log": log_id}).scalar_one()
     chunks = _fetch_chunks(session, log_id, size, top)
     try:
         for lo, hi, row, stored in chunks:
@@ -283,7 +307,7 @@ def verify_log(
             for level in range(top + 1):
                 want = levels[level] if level < len(levels) else []
                 report.nodes += _compare_level(
-                    log_id, level, lo >> level, want, stored.get(level, (0, b""))
+                    log_id, level, lo >> level, want, stored.get(level, (0, b"")), legacy
                 )
             for level, idx in low:
                 at = idx - (lo >> level)
@@ -311,17 +335,15 @@ def verify_log(
     report.entries += entries
 
     with _driver(session).cursor(binary=True) as cur:
-        cur.execute(_STRAY_NODES_SQL, {"log": log_id, "size": size, "top": top})
-        stray = cur.fetchone()
-        if stray is not None:
-            raise _node_mismatch(log_id, stray[0], stray[1])
         cur.execute(_UPPER_NODES_SQL, {"log": log_id, "top": top})
         upper_stored = {level: (count, bytes(blob)) for level, count, blob in cur.fetchall()}
     upper = _levels(tops) if tops else [[]]  # upper[k] is level top + k
     for level in sorted(set(upper_stored) | set(range(top + 1, top + len(upper)))):
         k = level - top
         want = upper[k] if 0 < k < len(upper) else []
-        report.nodes += _compare_level(log_id, level, 0, want, upper_stored.get(level, (0, b"")))
+        report.nodes += _compare_level(
+            log_id, level, 0, want, upper_stored.get(level, (0, b"")), legacy
+        )
     for level, idx in wanted:
         k = level - top
         if k > 0 and k < len(upper) and idx < len(upper[k]):

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import migrations
-from ledger import merkle, projections
+from ledger import merkle, projections, tree
 from ledger.checkpoints import sign_all
 from ledger.contracts import add_contracts
 from ledger.errors import CheckpointRefused, IngestRefused, VerificationFailed
@@ -240,12 +240,13 @@ def _tamper(owner_engine, table: str, sql: str) -> None:
             "UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8') WHERE seq = 3",
             "leaf hash",
         ),
-        # Bytes and leaf hash both rewritten: the stored tree no longer matches.
+        # Bytes and leaf hash both rewritten: the signed root no longer matches (a log of
+        # 7 entries has no stored node: those start at height tree.STORED_FROM).
         (
             "UPDATE journal_entries SET canonical = convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8'), "
             "leaf_hash = sha256('\\x00'::bytea || convert_to(replace(convert_from(canonical, 'UTF8'), 'gpu_lost', 'thermal'), 'UTF8')) "
             "WHERE seq = 3",
-            "Merkle node",
+            "no longer hash to the root signed at size 7",
         ),
     ],
 )
@@ -262,22 +263,35 @@ def test_verify_names_the_first_edited_entry(engine, owner_engine, signer, sql, 
     with Session(engine) as s, pytest.raises(VerificationFailed) as exc:
         verify_all(s, verifier)
     assert needle in str(exc.value)
-    assert exc.value.seq == 3
-    if needle != "Merkle node":
+    if "root" not in needle:
+        assert exc.value.seq == 3
         assert exc.value.event_id == recs[2]["event_id"]
 
 
-def test_a_tampered_tree_is_not_signed_again(engine, owner_engine, signer) -> None:
+@pytest.mark.parametrize(
+    ("entries", "table", "sql"),
+    [
+        # Below height tree.STORED_FROM the tree is the journal's leaf hashes.
+        (4, "journal_entries", "UPDATE journal_entries SET leaf_hash = sha256('evil') WHERE seq = 2"),
+        # A stored node (the first full tile's).
+        (
+            1 << tree.STORED_FROM,
+            "merkle_nodes",
+            f"UPDATE merkle_nodes SET hash = sha256('evil') WHERE level = {tree.STORED_FROM} "
+            "AND idx = 0",
+        ),
+    ],
+    ids=["leaf-hash", "stored-node"],
+)
+def test_a_tampered_tree_is_not_signed_again(
+    engine, owner_engine, signer, entries, table, sql
+) -> None:
     _setup_contracts(engine, "C-1")
-    _ingest(engine, [f.failure(at=f.later(i)) for i in range(4)])
+    _ingest(engine, [f.failure(at=f.later(i)) for i in range(entries)])
     with unit_of_work(engine) as s:
         sign_all(s, signer, "test.example/log")
-    _tamper(
-        owner_engine,
-        "merkle_nodes",
-        "UPDATE merkle_nodes SET hash = sha256('evil') WHERE level = 2 AND idx = 0",
-    )
-    _ingest(engine, [f.failure(at=f.later(10))])
+    _tamper(owner_engine, table, sql)
+    _ingest(engine, [f.failure(at=f.later(entries + 10))])
     with unit_of_work(engine) as s, pytest.raises(CheckpointRefused, match="not consistent"):
         sign_all(s, signer, "test.example/log")
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import migrations
-from ledger import merkle
+from ledger import merkle, tree
 from ledger.bulk import copy_rows
 from ledger.contracts import add_contracts
 from ledger.ingest import ingest
@@ -180,9 +180,14 @@ def test_a_log_is_never_deleted_renamed_or_truncated(engine, rebuild_engine, own
 def test_ingest_still_writes_through_the_checks(engine) -> None:
     """The ordinary path: a batch's entries and nodes pass the statement-level check."""
     _setup_contract(engine)
-    recs, errors = parse_jsonl(f.jsonl([f.job_started(), f.failure(at=f.later(10))]))
+    width = 1 << tree.STORED_FROM
+    records = [f.job_started()] + [
+        f.rec("job_progress", at=f.later(k + 1), job_id="j1", step=k, step_seconds=1.0)
+        for k in range(width - 2)
+    ]
+    recs, errors = parse_jsonl(f.jsonl(records))
     assert not errors
     with unit_of_work(engine) as s:
-        assert ingest(s, recs).appended == 2
-    # 3 entries: 3 leaves, the (1, 0) node over the first two.
-    assert _counts(engine) == (3, 4)
+        assert ingest(s, recs).appended == width - 1
+    # With the contract's entry, one full tile: its node, the first stored one.
+    assert _counts(engine) == (width, 1)

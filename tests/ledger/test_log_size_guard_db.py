@@ -103,21 +103,22 @@ def test_one_inconsistent_log_never_stops_the_others_checkpoints(
 
 def test_missing_merkle_nodes_are_a_named_error_for_that_log_only(
         yoco_env, engine, db_url) -> None:
-    """The tree itself broken (a node deleted by a superuser): that log is named, the
+    """The tree itself broken (a leaf under a node deleted by a superuser: below height
+    ``ledger.tree.STORED_FROM`` the nodes are recomputed from the journal's leaf hashes,
+    and the log's last entry still says it holds them all): that log is named, the
     others are signed."""
     _setup(engine, "C-1", "C-2")
     eng = create_engine(db_url)
     try:
         with eng.begin() as c:
             triggers = c.execute(text(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'merkle_nodes'::regclass "
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'journal_entries'::regclass "
                 "AND NOT tgisinternal")).scalars().all()
             for t in triggers:
-                c.execute(text(f"ALTER TABLE merkle_nodes DISABLE TRIGGER {t}"))
-            c.execute(text("DELETE FROM merkle_nodes WHERE log_id = 'C-1' AND level = 2 "
-                           "AND idx = 0"))
+                c.execute(text(f"ALTER TABLE journal_entries DISABLE TRIGGER {t}"))
+            c.execute(text("DELETE FROM journal_entries WHERE log_id = 'C-1' AND seq = 1"))
             for t in triggers:
-                c.execute(text(f"ALTER TABLE merkle_nodes ENABLE ALWAYS TRIGGER {t}"))
+                c.execute(text(f"ALTER TABLE journal_entries ENABLE ALWAYS TRIGGER {t}"))
     finally:
         eng.dispose()
     result = runner.invoke(app, ["ledger", "checkpoint"])

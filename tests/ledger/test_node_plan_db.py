@@ -15,6 +15,7 @@ the nodes found give the same roots and proofs as the reference computation.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from ledger import merkle, tree
+from ledger import journal, merkle, tree
 
 PK = "pk_merkle_nodes"
 #: Synthetic nodes of another log, written by the owner: the statistics then describe a
@@ -88,24 +89,56 @@ def _assert_probes(nodes: list[dict[str, Any]], what: object) -> None:
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], what
 
 
+def _leaves_plan(session: Session, log_id: str, size: int) -> list[dict[str, Any]]:
+    """The plan nodes of the statement that reads the leaf hashes of the low nodes of the
+    frontier of ``size`` (the last, partial block of ``2**STORED_FROM`` entries)."""
+    block = size >> tree.STORED_FROM << tree.STORED_FROM
+    conn = session.connection().connection.driver_connection
+    assert conn is not None
+    with conn.cursor() as cur:
+        cur.execute("EXPLAIN (FORMAT JSON) " + tree._LOAD_LEAVES_SQL, ([block], [size], log_id))
+        (doc,) = cur.fetchone()
+    plan = doc[0]["Plan"] if isinstance(doc, list) else json.loads(doc)[0]["Plan"]
+    return list(_plan_nodes(plan))
+
+
+def _assert_leaf_probes(nodes: list[dict[str, Any]], what: object) -> None:
+    scans = [n for n in nodes if n.get("Relation Name") == "journal_entries"]
+    assert scans, (what, nodes)
+    for n in scans:
+        # A range of the primary key (log_id, seq), not every entry of the log.
+        assert n["Node Type"] in ("Index Scan", "Index Only Scan"), (what, n)
+        assert n["Index Name"] == "pk_journal_entries", (what, n)
+        for column in ("log_id", "seq"):
+            assert column in n["Index Cond"], (what, n["Index Cond"])
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], what
+
+
 @pytest.mark.parametrize("grown", [0, 1_000, 40_000], ids=["empty", "small", "large"])
 def test_node_lookups_probe_the_key_for_a_log_grown_since_analyze(
     engine: Engine, owner: Engine, grown: int
 ) -> None:
     _analyze_other_log(owner, 50_000)
-    leaves = [merkle.leaf_hash(b"leaf %d" % i) for i in range(grown)]
+    entries = journal.encode_entries(
+        ("job_progress", uuid.uuid4(), "GROWN-1", None, b'{"n":%d}' % i) for i in range(grown)
+    )
+    leaves = entries.leaves
     with Session(engine) as s, s.begin():
         s.execute(text("INSERT INTO ledger_logs (log_id) VALUES ('GROWN-1')"))
         # Appended in chunks in one transaction, as a file's ingest does; the statistics
-        # still say the log has no nodes.
-        size = 0
+        # still say the log has no nodes. (The nodes below tree.STORED_FROM are
+        # recomputed from the leaf hashes of the journal's rows.)
+        sizes = {"GROWN-1": 0}
         for start in range(0, grown, 5_000):
-            part = leaves[start : start + 5_000]
-            tree.append_leaves(s, "GROWN-1", size, part)
-            size += len(part)
+            journal.append_encoded(
+                s, entries.select(range(start, min(start + 5_000, grown))), sizes
+            )
+        size = sizes["GROWN-1"]
         for at in (size, size + 1, max(size - 1, 1)):
             coords = merkle.frontier_coords(at) or [(0, 0)]
-            _assert_probes(_lookup_plan(s, "GROWN-1", coords), (grown, at))
+            stored = [c for c in coords if c[0] >= tree.STORED_FROM] or [(tree.STORED_FROM, 0)]
+            _assert_probes(_lookup_plan(s, "GROWN-1", stored), (grown, at))
+            _assert_leaf_probes(_leaves_plan(s, "GROWN-1", at), (grown, at))
         if grown:
             assert tree.root(s, "GROWN-1", grown) == merkle.reference_root(leaves)
             for index in (0, grown // 3, grown - 1):

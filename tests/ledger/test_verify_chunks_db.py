@@ -7,6 +7,11 @@ signed at four sizes, every stored node is inside, on the edge of, or above a ch
 these tests hold that the chunked check accepts exactly the untouched log, with the
 roots the whole-tree reading gives, and names exactly the node that was changed,
 removed or added.
+
+The log is one written when every node was stored (``tests/ledger/legacy_nodes.py``):
+appends now store only the nodes of height ``ledger.tree.STORED_FROM`` and up, which a
+37-entry log has none of, so these are the low nodes such a ledger still holds, and
+``tests/ledger/test_thin_nodes_db.py`` holds the same for the stored ones.
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from ledger.note import Signer, Verifier, generate_signer
 from ledger.records import parse_contracts, parse_jsonl
 from ledger.verify import VerifyReport, verify_log
 from tests import factories as f
+from tests.ledger.legacy_nodes import store_low_nodes
 from yoco.database import unit_of_work
 
 LEVELS = (0, 1, 2, 3, 14)
 
 
 @pytest.fixture
-def signed_log(engine: Engine) -> tuple[Verifier, list[bytes]]:
-    """Log C-1: a contract entry and 36 records, signed at sizes 1, 8, 20 and 37."""
+def signed_log(engine: Engine, owner_engine: Engine) -> tuple[Verifier, list[bytes]]:
+    """Log C-1: a contract entry and 36 records, signed at sizes 1, 8, 20 and 37, with
+    every node of its tree stored (as it was written before nodes were thinned out)."""
     key, _ = generate_signer("test.example/log")
     signer = Signer.from_text(key)
     specs, errors = parse_contracts(f.jsonl([f.contract("C-1")]))
@@ -60,6 +67,7 @@ def signed_log(engine: Engine) -> tuple[Verifier, list[bytes]]:
             ).scalars()
         ]
     assert len(leaves) == 37
+    assert store_low_nodes(owner_engine, "C-1") == 71
     return Verifier.from_text(signer.verifier_text()), leaves
 
 

@@ -394,13 +394,14 @@ class CompactRange:
         return h
 
     def extend(
-        self, leaf_hashes: Iterable[bytes], collect: bool = True
+        self, leaf_hashes: Iterable[bytes], collect: bool = True, lowest: int = 0
     ) -> list[tuple[int, int, bytes]]:
         """Append leaf hashes; return every perfect node created, as ``(level, index, hash)``.
 
-        Leaves (level 0) are included, in creation order. With ``collect=False`` nothing is
-        returned (faster, for a pure root recomputation). Raises :class:`TreeSizeError`
-        on a leaf hash that is not 32 bytes; the range is unchanged up to that leaf.
+        Leaves (level 0) are included, in creation order; with ``lowest`` only the nodes
+        of that level and up. With ``collect=False`` nothing is returned (faster, for a
+        pure root recomputation). Raises :class:`TreeSizeError` on a leaf hash that is
+        not 32 bytes; the range is unchanged up to that leaf.
         """
         stack = self._stack
         pop = stack.pop
@@ -418,13 +419,15 @@ class CompactRange:
                     )
                 idx = size
                 if collect:
-                    emit((0, idx, h))
+                    if not lowest:
+                        emit((0, idx, h))
                     level = 0
                     while idx & 1:
                         h = sha(prefix + pop() + h).digest()
                         idx >>= 1
                         level += 1
-                        emit((level, idx, h))
+                        if level >= lowest:
+                            emit((level, idx, h))
                 else:
                     while idx & 1:
                         h = sha(prefix + pop() + h).digest()
@@ -440,17 +443,18 @@ def appended_nodes(
     old_size: int,
     frontier: Sequence[bytes] | Mapping[Coord, bytes],
     new_leaf_hashes: Sequence[bytes],
+    lowest: int = 0,
 ) -> list[tuple[int, int, bytes]]:
     """Return every perfect node ``(level, index, hash)`` created by appending a batch.
 
     ``old_size`` is the tree size before the batch; ``frontier`` holds the nodes of
     ``frontier_coords(old_size)`` (a mapping ``{(level, index): hash}``, or their hashes in
     that order). The result includes the new leaves at level 0 and every interior node that
-    became complete; storing all of them keeps the store's invariant. Amortised one hash
+    became complete (with ``lowest``: only those of that level and up). Amortised one hash
     per leaf. Raises :class:`TreeSizeError` / :class:`MissingNodeError` on a frontier that
     does not fit ``old_size`` or a malformed leaf hash.
     """
-    return CompactRange(old_size, frontier).extend(new_leaf_hashes)
+    return CompactRange(old_size, frontier).extend(new_leaf_hashes, lowest=lowest)
 
 
 # --------------------------------------------------------------------------- verification
