@@ -152,14 +152,17 @@ class StepsReached:
 
 
 def steps_reached(*, recorded_step: int, reached: int, outcome: Outcome | None,
-                  rollback_step: int | None, lost_steps: int) -> StepsReached:
+                  rollback_step: int | None, lost_steps: int,
+                  absorbed: int = 0) -> StepsReached:
     """A death's step is the highest its generation committed (``reached``: rank 0
     commits, then a peer dies in the next step, before that commit was read); a rollback
-    in progress then lost the steps up to it from its checkpoint (``rollback_step``)."""
+    in progress then lost the steps up to it from its checkpoint (``rollback_step``), plus
+    the ``absorbed`` steps its survivors cannot rerun (the plan's, see
+    :class:`PlanRecovery`)."""
     if reached <= recorded_step:
         return StepsReached(step=recorded_step, lost_steps=lost_steps)
     if outcome == Outcome.ROLLED_BACK and rollback_step is not None:
-        lost_steps = max(lost_steps, reached - rollback_step)
+        lost_steps = max(lost_steps, reached - rollback_step + absorbed)
     return StepsReached(step=reached, lost_steps=lost_steps)
 
 
@@ -433,7 +436,9 @@ class PlanRecovery:
     """The recovery's new generation: ``mode`` (live or rollback), its members in rank
     order (a :class:`NewProcess` to start in each such place, in ``starts`` order), the
     spares it calls in, the checkpoint of a rollback, and the recovery's outcome and lost
-    steps from now on."""
+    steps from now on (``absorbed``: how many of them are steps a rollback's survivors
+    cannot rerun -- the transparent mode's interrupted step -- which stay lost whatever
+    step the failed generation turns out to have committed)."""
 
     mode: PlanMode  # live or rollback
     members: tuple[str | NewProcess, ...]
@@ -443,6 +448,7 @@ class PlanRecovery:
     lost_steps: int
     checkpoint: tuple[int, str] | None = None
     gone_shards: tuple[int, ...] = ()
+    absorbed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +540,7 @@ def plan_recovery(view: RecoveryView) -> RecoveryStep:
     return PlanRecovery(mode=PlanMode.ROLLBACK, members=tuple(members), starts=tuple(starts),
                         called_in=tuple(called_in), outcome=Outcome.ROLLED_BACK,
                         lost_steps=max(view.last_step - ck_step + absorbed, view.lost_steps),
-                        checkpoint=view.checkpoint)
+                        checkpoint=view.checkpoint, absorbed=absorbed)
 
 
 def _plan_sharded(view: RecoveryView, holders: list[str]) -> RecoveryStep:

@@ -74,7 +74,8 @@ class Recovery:
 
     ``outcome`` is what the incidents will get once generation ``gen`` completes a step:
     ``live_migrated`` unless some plan of this recovery rolled back (then every incident
-    of it lost ``lost_steps`` = highest committed step - ``rollback_step``).
+    of it lost ``lost_steps`` = highest committed step - ``rollback_step`` + ``absorbed``:
+    in transparent mode the survivors cannot rerun the step they were in, one more).
     """
 
     incidents: list[Incident] = field(default_factory=list)
@@ -82,6 +83,7 @@ class Recovery:
     outcome: Outcome | None = None
     lost_steps: int = 0
     rollback_step: int | None = None  # checkpoint step of the rollback in progress
+    absorbed: int = 0  # steps the rollback's survivors cannot rerun (transparent mode: 1)
 
     @property
     def active(self) -> bool:

@@ -927,7 +927,7 @@ class Supervisor:
                 rec = self.recovery
                 got = steps_reached(recorded_step=inc.step, reached=reached,
                                     outcome=rec.outcome, rollback_step=rec.rollback_step,
-                                    lost_steps=rec.lost_steps)
+                                    lost_steps=rec.lost_steps, absorbed=rec.absorbed)
                 inc.step, rec.lost_steps = got.step, got.lost_steps
                 self.last_step = max(self.last_step, inc.step)
             cause, detail = self._describe_death(inc, rcs)
@@ -1024,6 +1024,7 @@ class Supervisor:
         rec.outcome, rec.lost_steps = step.outcome, step.lost_steps
         if ck is not None:
             rec.rollback_step = ck[0]
+            rec.absorbed = step.absorbed
         if self.cfg.shards > 1:
             log.warning("generation %d: %s recovery (HSDP, %d shards), members %s",
                         plan.gen, plan.mode, self.cfg.shards, members)

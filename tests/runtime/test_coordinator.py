@@ -515,7 +515,13 @@ def test_transparent_mode_rollbacks_lose_the_interrupted_step_too() -> None:
     step, _ = _drive(_view(transparent="rollback: no optimizer found"),
                      checkpoint=(5, "/ck/5"))
     assert isinstance(step, PlanRecovery) and step.mode == P.PlanMode.ROLLBACK
-    assert step.members == ("w0", "w2") and step.lost_steps == 6
+    assert step.members == ("w0", "w2") and step.lost_steps == 6 and step.absorbed == 1
+    # The failed generation turns out to have committed step 12 before the death (read
+    # after the plan): the steps from the checkpoint to 12 are lost, and the interrupted
+    # step still is -- 8, not 7 (the job ends 8 steps short).
+    later = steps_reached(recorded_step=10, reached=12, outcome=Outcome.ROLLED_BACK,
+                          rollback_step=5, lost_steps=step.lost_steps, absorbed=step.absorbed)
+    assert (later.step, later.lost_steps) == (12, 8)
     step, _ = _drive(_view(transparent="live"))
     assert isinstance(step, PlanRecovery) and step.mode == P.PlanMode.LIVE
 
