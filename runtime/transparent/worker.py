@@ -13,7 +13,10 @@ built in one :class:`Transparent` per process:
   model-aware machinery (:class:`runtime.reduction.GradientReducer`), not in backward
   hooks;
 * ``torch.optim.Optimizer`` -- its ``step()`` is the **step boundary**: the gradient
-  reduction, the commit, checkpoints, moves and recoveries happen inside it;
+  reduction, the commit, checkpoints, moves and recoveries happen inside it. With several
+  optimizers a training step is one ``step()`` of each, in any order, and the boundary is
+  the last of them; an optimizer stepped twice before every other one stepped once (an
+  optimizer stepped at its own rate, or one built and never stepped) is refused by name;
 * ``LRScheduler`` -- state moved with the rest; a ``step()`` that follows an optimizer step
   the runtime absorbed (a rollback, or a state that came in newer) is skipped;
 * ``DataLoader`` over a ``DistributedSampler`` -- the data position (iteration, batches
@@ -42,7 +45,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -100,26 +103,75 @@ class ElasticDDP(torch.nn.Module):
 
 
 class _Schedulers:
-    """The script's LR schedulers as one stateful object for :class:`Job` (the script
-    steps them itself)."""
+    """The script's LR schedulers and gradient scalers as one stateful object for
+    :class:`Job` (the script steps and updates them itself)."""
 
-    def __init__(self, schedulers: list[Any]) -> None:
+    def __init__(self, schedulers: list[Any], scalers: list[Any]) -> None:
         self.schedulers = schedulers
+        self.scalers = scalers
 
-    def state_dict(self) -> list[dict[str, Any]]:
-        """Each scheduler's state, in construction order."""
-        return [s.state_dict() for s in self.schedulers]
+    def state_dict(self) -> dict[str, list[dict[str, Any]]]:
+        """Each scheduler's and each scaler's state, in construction order."""
+        return {"schedulers": [s.state_dict() for s in self.schedulers],
+                "scalers": [s.state_dict() for s in self.scalers]}
 
-    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, list[dict[str, Any]]]) -> None:
         """Install what :meth:`state_dict` returned."""
-        if len(state) != len(self.schedulers):
-            raise TransparentError(f"the state holds {len(state)} LR scheduler(s), this "
-                                   f"script built {len(self.schedulers)}")
-        for s, sd in zip(self.schedulers, state, strict=True):
+        for name, have in (("schedulers", self.schedulers), ("scalers", self.scalers)):
+            if len(state[name]) != len(have):
+                raise TransparentError(f"the state holds {len(state[name])} {name}, this "
+                                       f"script built {len(have)}")
+        for s, sd in zip(self.schedulers, state["schedulers"], strict=True):
             s.load_state_dict(sd)
+        for g, sd in zip(self.scalers, state["scalers"], strict=True):
+            g.load_state_dict(sd)
 
     def step(self) -> None:
         """Never called by the transparent runtime (the script steps its schedulers)."""
+
+
+class _Optimizers:
+    """Two or more of the script's optimizers as the one optimizer :class:`Job` moves,
+    checkpoints and zeroes (each steps through its own ``step()``, see
+    :meth:`Transparent.on_step`)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+        # (runtime.transfer reads it to pre-fault receive buffers; none are.)
+        self.defaults: dict[str, Any] = {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every optimizer's parameter groups, in construction order."""
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each optimizer's state, in construction order."""
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Install what :meth:`state_dict` returned."""
+        states = state["optimizers"]
+        if len(states) != len(self.optimizers):
+            raise TransparentError(f"the state holds {len(states)} optimizer(s), this "
+                                   f"script built {len(self.optimizers)}")
+        for o, sd in zip(self.optimizers, states, strict=True):
+            o.load_state_dict(sd)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero every optimizer's gradients."""
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def register_step_post_hook(self, hook: Callable[..., None]) -> None:
+        """Run ``hook`` after each optimizer's own update (a fault at phase ``optimizer``
+        fires after the first of the step)."""
+        for o in self.optimizers:
+            o.register_step_post_hook(hook)
+
+    def step(self) -> None:
+        """Never called: the script steps each optimizer itself."""
+        raise TransparentError("the optimizers are stepped by the script")
 
 
 class _Position:
@@ -244,13 +296,19 @@ class Transparent:
         self.optimizers: list[torch.optim.Optimizer] = []
         self.raw_steps: dict[int, Callable[..., Any]] = {}
         self.schedulers: list[Any] = []
+        self.scalers: list[Any] = []  # the script's (enabled) torch.amp.GradScalers
+        # Per scaler (by id): its update()s to undo (after absorbed training steps).
+        self.skip_scaler: dict[int, int] = {}
         self.train_loader: DataLoader[Any] | None = None
         self.loader_iters = 0  # iterations of the training loader started
         self.loader_fetched = 0  # batches fetched in the current one
         self.resume: dict[str, Any] | None = None  # where a fresh process is to be placed
         self.held: dict[str, Any] | None = None  # state re-applied there
-        self.calls = 0  # optimizer.step() calls by the script
-        self.skip_sched = 0  # scheduler steps to skip (after absorbed optimizer steps)
+        self.calls = 0  # training steps (a step() of each optimizer) run by the script
+        # Per optimizer (by id): its schedulers' steps to skip (after absorbed updates).
+        self.skip_sched: dict[int, int] = {}
+        self._stepped: list[torch.optim.Optimizer] = []  # this step's optimizers so far
+        self._stepping: torch.optim.Optimizer | None = None  # whose update the job takes
         self.undiscoverable: str | None = None
         self.replay_to: int | None = None  # a rollback replacement: absorb calls up to
         self.job: TransparentJob | None = None
@@ -332,7 +390,14 @@ class Transparent:
 
     # ------------------------------------------------------------- discovery
     def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        """Register an optimizer the script built; its ``step`` becomes the boundary."""
+        """Register an optimizer the script built; its ``step`` becomes the boundary (the
+        last of the optimizers' in a step). One built once training has started cannot
+        join the state a replacement receives: refused."""
+        if self.job is not None:
+            raise TransparentError(
+                "an optimizer was built after training started (after the first batch of "
+                "the training DataLoader): transparent mode discovers the optimizers "
+                "before it, so this one's state could not move to a replacement")
         raw = opt.step
         self.raw_steps[id(opt)] = raw
         self.optimizers.append(opt)
@@ -346,6 +411,31 @@ class Transparent:
     def add_scheduler(self, sched: Any) -> None:
         """Register an LR scheduler the script built."""
         self.schedulers.append(sched)
+
+    def add_scaler(self, scaler: Any) -> None:
+        """Register a ``torch.amp.GradScaler`` the script built (enabled: a disabled one
+        has no state). Its state (scale, growth tracker) moves with the rest; one built
+        once training has started could not: refused."""
+        if not scaler.is_enabled():
+            return
+        if self.job is not None:
+            raise TransparentError(
+                "a GradScaler was built after training started (after the first batch of "
+                "the training DataLoader): its state could not move to a replacement")
+        self.scalers.append(scaler)
+
+    def scaler_update_allowed(self, scaler: Any) -> bool:
+        """False (once per absorbed training step) when ``scaler.update()`` must leave the
+        scale and growth tracker as they are: the step it follows was not taken."""
+        key = id(scaler)
+        if self.skip_scaler.get(key, 0) > 0:
+            self.skip_scaler[key] -= 1
+            return False
+        return True
+
+    def _skip_scaler_updates(self) -> None:
+        for g in self.scalers:
+            self.skip_scaler[id(g)] = self.skip_scaler.get(id(g), 0) + 1
 
     def grad_ready(self, ddp: ElasticDDP) -> None:
         """A gradient of ``ddp``'s module was accumulated: at the first one of a backward
@@ -361,12 +451,34 @@ class Transparent:
 
         torch.autograd.Variable._execution_engine.queue_callback(ended)
 
-    def scheduler_step_allowed(self) -> bool:
-        """False (once per absorbed optimizer step) when the script's next
-        ``scheduler.step()`` must not run: the step it follows was not taken."""
-        if self.skip_sched > 0:
-            self.skip_sched -= 1
+    def scheduler_step_allowed(self, sched: Any) -> bool:
+        """False (once per absorbed update of its optimizer) when the script's next
+        ``sched.step()`` must not run: the update it follows was not taken."""
+        key = id(getattr(sched, "optimizer", None))
+        if self.skip_sched.get(key, 0) > 0:
+            self.skip_sched[key] -= 1
             return False
+        return True
+
+    def _skip_scheduler_of(self, opt: torch.optim.Optimizer) -> None:
+        self.skip_sched[id(opt)] = self.skip_sched.get(id(opt), 0) + 1
+
+    def _ends_step(self, opt: torch.optim.Optimizer) -> bool:
+        """Note ``opt.step()``; True when it is the last optimizer of the training step
+        (every optimizer the script built has now stepped once since the last boundary)."""
+        if any(o is opt for o in self._stepped):
+            idx = next(i for i, o in enumerate(self.optimizers) if o is opt)
+            missing = [i for i, o in enumerate(self.optimizers)
+                       if not any(o is s for s in self._stepped)]
+            raise TransparentError(
+                f"optimizer {idx} (of {len(self.optimizers)}, in construction order) was "
+                f"stepped twice before optimizer(s) {missing} stepped once: transparent "
+                "mode needs every optimizer the script built stepped once per training "
+                "step (the step boundary is the last of them)")
+        self._stepped.append(opt)
+        if len(self._stepped) < len(self.optimizers):
+            return False
+        self._stepped = []
         return True
 
     def position_now(self) -> dict[str, Any]:
@@ -382,14 +494,21 @@ class Transparent:
             raise TransparentError(
                 f"transparent mode needs one DistributedDataParallel module, found "
                 f"{len(self.modules)}")
-        if len(self.optimizers) != 1:
-            raise TransparentError(
-                f"transparent mode needs one optimizer, found {len(self.optimizers)} (a "
-                "second optimizer cannot be placed at the step boundary yet)")
-        opt = self.optimizers[0]
-        raw = self.raw_steps[id(opt)]
+        if not self.optimizers:
+            raise TransparentError("transparent mode needs an optimizer, found none")
+        # One optimizer is moved as it is; several as one (_Optimizers), which Job handles
+        # through the same calls (state_dict, load_state_dict, zero_grad, step hooks).
+        opt = self.optimizers[0] if len(self.optimizers) == 1 else cast(
+            torch.optim.Optimizer, _Optimizers(self.optimizers))
+
+        def raw() -> Any:
+            if self._stepping is None:
+                return None  # the update is skipped (GradScaler: inf/NaN gradients)
+            return self.raw_steps[id(self._stepping)]()
+
         job = TransparentJob(model=self.modules[0], optimizer=opt,
-                             scheduler=_Schedulers(self.schedulers) if self.schedulers
+                             scheduler=_Schedulers(self.schedulers, self.scalers)
+                             if self.schedulers or self.scalers
                              else None,
                              sampler=self.position, config=JobConfig(seed=0),
                              raw_step=raw, before_form=self._before_form)
@@ -448,8 +567,9 @@ class Transparent:
         if held is None:
             return
         if held["schedulers"] is not None:
-            _Schedulers(self.schedulers).load_state_dict(held["schedulers"])
-        for g, hyper in zip(self.optimizers[0].param_groups, held["groups"], strict=True):
+            _Schedulers(self.schedulers, self.scalers).load_state_dict(held["schedulers"])
+        groups = [g for o in self.optimizers for g in o.param_groups]
+        for g, hyper in zip(groups, held["groups"], strict=True):
             g.update(hyper)
         if held["rng"] is not None:
             _set_rng_states(held["rng"])
@@ -474,10 +594,11 @@ class Transparent:
             # Survivors whose scripts are past the checkpoint (see _before_form).
             self.resume = json.loads(m.store.get(P.transparent_at_key(plan.gen)))["pos"]
         self.held = {
-            "schedulers": _Schedulers(self.schedulers).state_dict() if self.schedulers
+            "schedulers": _Schedulers(self.schedulers, self.scalers).state_dict()
+            if self.schedulers or self.scalers
             else None,
             "groups": [{k: v for k, v in g.items() if k != "params"}
-                       for g in self.optimizers[0].param_groups],
+                       for o in self.optimizers for g in o.param_groups],
             "rng": self._rng_of(self.rank, job.step) if plan.mode in (
                 P.PlanMode.LIVE, P.PlanMode.MOVE) else None,
         }
@@ -588,7 +709,7 @@ class Transparent:
                 break
             except GenerationChanged as changed:
                 m.event("void")
-                self._void_calls = self.calls + 1  # this step's optimizer call, to come
+                self._void_calls = self.calls + 1  # this training step, to come
                 try:
                     job._join(changed.gen)
                 finally:
@@ -609,31 +730,42 @@ class Transparent:
                     flat.copy_(saved)  # this rank's own gradient, into the new group
         self._reduced = True
 
-    def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+    def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None,
+                *, update: bool = True) -> Any:
         """The script's ``optimizer.step()``: the update and the commit (the gradients were
-        averaged at the end of the backward pass, :meth:`on_backward_end`)."""
+        averaged at the end of the backward pass, :meth:`on_backward_end`). ``update``
+        False: a ``GradScaler`` found inf/NaN gradients and skips ``opt``'s update (the same
+        on every rank: the gradients are averaged); the step still counts, as an
+        iteration of the script."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         # A backward pass that raised never ran its end callback: queue afresh next time.
         self._backward_queued = False
+        last = self._ends_step(opt)
         if not self.managed:
-            self.calls += 1
-            self.raw_steps[id(opt)]()
+            self.calls += int(last)
+            if update:
+                self.raw_steps[id(opt)]()
             return loss
         if self.job is None and self.replay_to is None:
             self._first_step_without_loader()
-        self.calls += 1
+        self.calls += int(last)
         if self.replay_to is not None:
-            return self._replay(loss)
+            return self._replay(opt, last, loss)
         job = self.job
         assert job is not None and job._m is not None
         if not self._reduced and not self._absorbing:
             self.on_backward_end()  # no backward through the DDP module since the last step
         if self._absorbing:
-            return self._absorb(loss)
+            return self._absorb(opt, last, loss)
         job._complete_transfer()
+        if not last:  # an optimizer before the last of the step: its update only
+            if update:
+                self.raw_steps[id(opt)]()
+            return loss
+        self._stepping = opt if update else None
         job._optimizer_step()
         job.step += 1
         self._reduced = False
@@ -652,11 +784,15 @@ class Transparent:
         self._begin()
         return loss
 
-    def _absorb(self, loss: Any) -> Any:
-        """This optimizer step is not taken (see :meth:`on_backward_end`)."""
+    def _absorb(self, opt: torch.optim.Optimizer, last: bool, loss: Any) -> Any:
+        """This optimizer's update is not taken (see :meth:`on_backward_end`); after the
+        last optimizer of the step, the next step begins."""
+        self._skip_scheduler_of(opt)
+        if not last:
+            return loss
+        self._skip_scaler_updates()
         self._absorbing = False
         self.position.committed = self.position_now()
-        self.skip_sched += 1
         self._begin()
         return loss
 
@@ -734,14 +870,16 @@ class Transparent:
                                        f"are (generation {gen})")
             time.sleep(0.01)
 
-    def _replay(self, loss: Any) -> Any:
+    def _replay(self, opt: torch.optim.Optimizer, last: bool, loss: Any) -> Any:
         """A replacement of a job whose data position is not discoverable: absorb the
         script's optimizer steps (no reduction, no update; the forward and backward passes
         do run: the script's own iterator advances only through them) until it is where
         the survivors are, then join (the rollback loads the checkpoint)."""
         assert self.replay_to is not None
-        self.skip_sched += 1
-        if self.calls < self.replay_to:
+        self._skip_scheduler_of(opt)
+        if last:
+            self._skip_scaler_updates()
+        if not last or self.calls < self.replay_to:
             return loss
         self.replay_to = None
         self._join_first(at_step=True)
@@ -804,12 +942,42 @@ def install() -> Transparent:
 
     def scheduler_step(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
         # Not an attribute of the scheduler: its state_dict() is its whole __dict__.
-        if any(s is self for s in rt.schedulers) and not rt.scheduler_step_allowed():
+        if any(s is self for s in rt.schedulers) and not rt.scheduler_step_allowed(self):
             return
         sched_step(self, *args, **kwargs)
 
     LRScheduler.__init__ = scheduler_init  # type: ignore[method-assign]
     LRScheduler.step = scheduler_step  # type: ignore[method-assign]
+
+    from torch.amp.grad_scaler import GradScaler
+
+    scaler_init, scaler_update = GradScaler.__init__, GradScaler.update
+
+    def grad_scaler_init(self: GradScaler, *args: Any, **kwargs: Any) -> None:
+        scaler_init(self, *args, **kwargs)
+        rt.add_scaler(self)
+
+    def maybe_opt_step(self: GradScaler, optimizer: torch.optim.Optimizer,
+                       optimizer_state: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        # GradScaler's own rule (torch.amp.grad_scaler): no update where a gradient is
+        # inf/NaN -- which, without this, would be no step boundary either.
+        if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
+            return optimizer.step(*args, **kwargs)
+        if any(o is optimizer for o in rt.optimizers):
+            rt.on_step(optimizer, None, update=False)
+        return None
+
+    def grad_scaler_update(self: GradScaler, new_scale: Any = None) -> None:
+        if not any(g is self for g in rt.scalers) or rt.scaler_update_allowed(self):
+            scaler_update(self, new_scale)
+            return
+        kept = self.state_dict()
+        scaler_update(self, new_scale)  # (it also ends the step's per-optimizer records)
+        self.load_state_dict(kept)
+
+    GradScaler.__init__ = grad_scaler_init  # type: ignore[method-assign]
+    GradScaler._maybe_opt_step = maybe_opt_step  # type: ignore[method-assign]
+    GradScaler.update = grad_scaler_update  # type: ignore[method-assign]
 
     loader_iter = DataLoader.__iter__
 

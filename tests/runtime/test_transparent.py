@@ -39,13 +39,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _torchrun(script: str, out: Path, nproc: int = 2) -> Path:
+def _torchrun(script: str, out: Path, nproc: int = 2, extra: tuple[str, ...] = ()) -> Path:
     """Rank 0's final state after ``script`` ran failure-free under plain torchrun."""
     env = {**os.environ, **ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
-         "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+         "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -79,6 +79,7 @@ def _assert_identical(reference: Path, got: Path) -> None:
     ref, ta = _state(reference)
     out, tb = _state(got)
     assert ref["scheduler"] == out["scheduler"]
+    assert ref.get("scaler") == out.get("scaler")
     assert len(ta) == len(tb) > 0
     for x, y in zip(ta, tb, strict=True):
         assert torch.equal(x, y)
@@ -222,3 +223,72 @@ def test_an_unsupported_collective_stops_with_a_clear_error(tmp_path: Path) -> N
                           env={**os.environ, **ENV})
     assert proc.returncode != 0
     assert "torch.distributed.all_reduce is not supported in transparent mode" in proc.stderr
+
+
+def test_two_optimizers_step_as_one_boundary_live_and_bit_identically(
+        tmp_path: Path) -> None:
+    """Two optimizers over two parts of the model (AdamW for the hidden layer, SGD with
+    momentum and its own step schedule for the output layer), both stepped each
+    iteration: the boundary is the last of them. Kills in the reduction and right after
+    the first optimizer's update (before the second's): live, both optimizers' and both
+    schedules' states move, and the final state is torchrun's bit for bit."""
+    extra = ("--two-optimizers",)
+    reference = _torchrun(SCRIPT, tmp_path / "two-ref.pt", extra=extra)
+    result, recs, out = _run(tmp_path, "two", ["kill:rank=1:step=5",
+                                               "kill:rank=0:step=19:phase=optimizer"],
+                             extra=extra)
+    assert result.exit_code == 0, result
+    assert result.final_step == STEPS
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
+    _assert_identical(reference, out)
+    state = torch.load(out)
+    assert [len(o["state"]) for o in state["optimizer"]] == [2, 2]
+    assert [sd["last_epoch"] for sd in state["scheduler"]] == [STEPS, STEPS]
+
+
+def test_a_grad_scaler_moves_its_scale_live_and_bit_identically(tmp_path: Path) -> None:
+    """fp16 autocast with a ``torch.amp.GradScaler`` whose scale grows until the
+    gradients overflow (steps whose update the scaler skips, on every rank alike): kills in
+    the reduction and in the backward pass are live, the scale and growth tracker move
+    with the rest, and the final state -- the scaler's included -- is torchrun's bit for
+    bit."""
+    extra = ("--grad-scaler",)
+    reference = _torchrun(SCRIPT, tmp_path / "amp-ref.pt", extra=extra)
+    ref = torch.load(reference)
+    skipped = STEPS - int(ref["optimizer"]["state"][0]["step"])
+    assert skipped > 0  # the scaler did skip updates
+    result, recs, out = _run(tmp_path, "amp", ["kill:rank=1:step=6",
+                                               "kill:rank=0:step=23:phase=backward"],
+                             extra=extra)
+    assert result.exit_code == 0, result
+    assert result.final_step == STEPS  # a skipped update is still a step of the job
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
+    _assert_identical(reference, out)
+    assert torch.load(out)["scaler"]["scale"] == ref["scaler"]["scale"]
+
+
+def test_an_optimizer_stepped_at_its_own_rate_is_refused(tmp_path: Path) -> None:
+    """Two optimizers, the second stepped every other iteration only: a training step
+    is not one update of each, so there is no step boundary to place a replacement at:
+    refused by name, rather than committing at the wrong place."""
+    script = tmp_path / "rates.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        "dist.init_process_group('gloo')\n"
+        "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))\n"
+        "a = torch.optim.SGD([m.module.weight], lr=0.1)\n"
+        "b = torch.optim.SGD([m.module.bias], lr=0.1)\n"
+        "ds = TensorDataset(torch.randn(32, 4))\n"
+        "loader = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds))\n"
+        "for i, (x,) in enumerate(loader):\n"
+        "    m(x).sum().backward()\n"
+        "    a.step()\n"
+        "    if i % 2:\n"
+        "        b.step()\n")
+    proc = subprocess.run([sys.executable, "-m", "runtime.transparent", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **ENV})
+    assert proc.returncode != 0
+    assert ("optimizer 0 (of 2, in construction order) was stepped twice before "
+            "optimizer(s) [1] stepped once") in proc.stderr, proc.stderr[-3000:]
