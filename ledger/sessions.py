@@ -78,8 +78,15 @@ def unit_of_work(bind: Engine | sessionmaker[Session]) -> Iterator[Session]:
     try:
         yield session
         session.commit()
-    except BaseException:
+    except Exception:
         session.rollback()
+        raise
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt) or an exit may land in the middle of a command (a
+        # COPY, a fetch): such a connection cannot roll back ("another command is already
+        # in progress"), and trying would replace the interrupt with that error. Closing it
+        # instead ends the transaction on the server just as surely: nothing is committed.
+        session.invalidate()
         raise
     finally:
         session.close()
