@@ -126,8 +126,12 @@ def test_a_drain_and_a_warning_move_live_ranks_bit_identically(
         torchrun_reference: Path, tmp_path: Path) -> None:
     """Planned (drain) and pre-emptive (telemetry warning) moves of a live rank: it sends
     its state to a spare at the next step boundary and leaves."""
+    # A move waits for a ready spare: steps of a few milliseconds could end the job before
+    # both spares are up (one CI run had the first ready at step 30), so each step takes
+    # 0.1 s more here -- the numbers are the same as without the sleep.
     result, recs, out = _run(tmp_path, "moves",
-                             ["drain:rank=0:step=8", "warn:rank=1:step=20"], spares=2)
+                             ["drain:rank=0:step=8", "warn:rank=1:step=20"], spares=2,
+                             extra=("--step-sleep", "0.1"))
     assert result.exit_code == 0, result
     got = _failures(recs)
     # (In either order: a drain waits until a spare is ready, a warning may overtake it.)

@@ -5,6 +5,7 @@ schedule) for the output layer, both stepped each iteration; ``--grad-scaler``: 
 autocast with a ``torch.amp.GradScaler``. It imports nothing of yoco's: the transparent-mode tests run it unmodified."""
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ def main() -> None:
                     help="feed batches from a generator instead of a DataLoader")
     ap.add_argument("--two-optimizers", action="store_true")
     ap.add_argument("--grad-scaler", action="store_true")
+    ap.add_argument("--step-sleep", type=float, default=0.0,
+                    help="seconds to sleep after each step (no effect on the numbers)")
     args = ap.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -69,6 +72,8 @@ def main() -> None:
         scaler.update()
         for s in scheds:
             s.step()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
 
     if args.custom_iterator:
         for xb, yb in batches():
