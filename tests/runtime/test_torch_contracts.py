@@ -1,7 +1,8 @@
 """Contracts with torch's private internals that the runtime relies on, one test each.
 
 The runtime's HSDP (runtime/hsdp.py), its collectives' waiting (runtime/membership.py),
-its sparse reduction (runtime/reduction.py) and its state transfer (runtime/transfer.py)
+its sparse reduction (runtime/reduction.py), its state transfer (runtime/transfer.py) and
+the transparent mode's GradScaler hook (runtime/transparent/worker.py)
 use parts of torch that are not public API and may change in any release of the range
 pyproject.toml allows (``torch>=2.4,<=2.14.1``). Each test below pins one of them, as the
 runtime uses it, and fails with a message naming the internal, the torch version and the
@@ -336,3 +337,33 @@ def test_current_graph_task_id_on_the_cuda_backward_thread() -> None:
 def test_this_file_is_run_by_gpu_check() -> None:
     script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu-check").read_text()
     assert "tests/runtime/test_torch_contracts.py" in script
+
+
+# ------------------------------------------------------------------ the grad scaler
+
+
+def test_grad_scaler_steps_through_maybe_opt_step_with_found_inf_per_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The transparent mode replaces GradScaler._maybe_opt_step to count a skipped update
+    # as a step: GradScaler.step must still call it, with the optimizer and its per-
+    # optimizer state holding the inf/NaN findings per device.
+    from torch.amp import GradScaler
+
+    calls: list[tuple[Any, Any]] = []
+    original = GradScaler._maybe_opt_step
+
+    def recording(self: Any, optimizer: Any, optimizer_state: Any, *a: Any, **k: Any) -> Any:
+        calls.append((optimizer, optimizer_state))
+        return original(self, optimizer, optimizer_state, *a, **k)
+
+    with contract("torch.amp.GradScaler._maybe_opt_step(optimizer, optimizer_state)",
+                  "runtime.transparent.worker (a GradScaler's skipped update is a step)"):
+        monkeypatch.setattr(GradScaler, "_maybe_opt_step", recording)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = GradScaler("cpu")
+        scaler.scale(model(torch.ones(3, 4)).sum()).backward()
+        scaler.step(opt)
+        assert len(calls) == 1 and calls[0][0] is opt, f"called {len(calls)} time(s)"
+        found = calls[0][1]["found_inf_per_device"]
+        assert found and all(isinstance(v, torch.Tensor) for v in found.values()), found
