@@ -62,6 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 and item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group(SERIAL_JOB_GROUP))
             item.add_marker(pytest.mark.fault_job)
+            if getattr(config.option, "loadgroup", False):  # set on xdist workers
+                _name_group(item, SERIAL_JOB_GROUP)
     # Stable: each part keeps its order (the group's tests still share their references).
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
     if os.environ.get("YOCO_GPU_CHECK") == "1":
@@ -70,6 +72,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
+def _name_group(item: pytest.Item, group: str) -> None:
+    """Give ``item`` the id ``<nodeid>@<group>`` that ``--dist loadgroup`` schedules by.
+
+    pytest-xdist (3.8) appends the suffix to ``item._nodeid`` in its own collection hook,
+    but pytest 9 keeps a test's id in ``item._id`` (a ``NodeId``) and ``nodeid`` reads that,
+    so xdist's suffix is never seen and no test is grouped: the fault jobs then ran side by
+    side, two at once. Set where pytest reads it; xdist's later suffix is harmless (the
+    scheduler takes the text after the last ``@``). ``tests/test_xdist_grouping.py`` runs a
+    real two-worker session to hold the scheduler to it."""
+    suffixed = f"{item.nodeid}@{group}"
+    if item.nodeid.endswith(f"@{group}"):
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id  # pytest >= 9: where the id is kept
+
+        item._id = coerce_node_id(suffixed)
+    else:
+        item._nodeid = suffixed
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,0 +1,87 @@
+"""The suite's fault jobs share one pytest-xdist group: a real ``-n 2 --dist loadgroup``
+session must run every test of a group on one worker.
+
+It did not (pytest 9 reads a test's id from ``item._id``, pytest-xdist 3.8 writes the
+group suffix to ``item._nodeid``), so the fault jobs ran two at a time and the suite
+needed a second, serial pass; ``tests/conftest.py`` names the group itself
+(``_name_group``). This runs that function in a throw-away project, as the suite's own
+collection hook does, and reads which worker ran each test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+_CONFTEST = f'''
+import sys
+sys.path.insert(0, {str(REPO)!r})
+import pytest
+from tests.conftest import _name_group
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name == "test_grouped.py":
+            item.add_marker(pytest.mark.xdist_group("together"))
+            if getattr(config.option, "loadgroup", False):
+                _name_group(item, "together")
+'''
+
+_TESTS = '''
+import os, time
+from pathlib import Path
+import pytest
+
+@pytest.mark.parametrize("n", range({count}))
+def test_it(n):
+    time.sleep(0.05)
+    Path(os.environ["WHO_RAN"], "{name}-%d" % n).write_text(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_a_group_runs_on_one_worker_under_loadgroup(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(_CONFTEST)
+    (project / "test_grouped.py").write_text(_TESTS.format(count=6, name="grouped"))
+    (project / "test_loose.py").write_text(_TESTS.format(count=6, name="loose"))
+    who = tmp_path / "who"
+    who.mkdir()
+    env = {**os.environ, "WHO_RAN": str(who)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         "--dist", "loadgroup", str(project)],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = {p.name: p.read_text() for p in who.iterdir()}
+    assert len(ran) == 12, sorted(ran)
+    grouped = {worker for name, worker in ran.items() if name.startswith("grouped-")}
+    assert len(grouped) == 1, f"the group was split across workers: {ran}"
+
+
+@pytest.mark.parametrize("nodeid", ["tests/x.py::test_a", "tests/x.py::test_b[p@q]"])
+def test_naming_a_group_twice_keeps_one_suffix(nodeid: str) -> None:
+    from tests.conftest import _name_group
+
+    class Item:
+        def __init__(self) -> None:
+            self._nodeid = nodeid
+
+        @property
+        def nodeid(self) -> str:
+            return self._nodeid
+
+    item = Item()
+    _name_group(item, "g")  # type: ignore[arg-type]
+    _name_group(item, "g")  # type: ignore[arg-type]
+    assert item.nodeid == f"{nodeid}@g"
