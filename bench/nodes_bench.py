@@ -20,7 +20,8 @@ folder, deleted at the end).
 * remote: 2 training hosts + 1 spare host, each in a network namespace of its own with
   its own machine id (tests/runtime/netns.py; needs root): the coordinator can neither
   read host 1's ``/proc`` nor signal it, as with a second machine. At step >= 45 host 1 is
-  frozen (everything on it SIGSTOPped) or cut off (its switch port down); time from the
+  frozen (everything on it SIGSTOPped) or cut off (its switch port down), steps of the
+  small model plus a 0.1 s sleep (~0.15 s); time from the
   fault to the fence (the coordinator's log line) against the steady step, with the node
   deadline the coordinator used (runtime.detection.node_deadline);
 * worker: host 1's worker alone is SIGSTOPped at step 45 with the stopped-rank check off
@@ -240,6 +241,10 @@ def hang(tmp: Path, reps: int, node_timeout: float) -> None:
           f"the steady step (goal <= 5); {load()}")
 
 
+#: remote: each step also sleeps this long (steps of ~0.15 s, as in the fencing tests).
+REMOTE_SLEEP = 0.1
+
+
 def remote(tmp: Path, reps: int, node_timeout: float) -> None:
     from tests.runtime.netns import Netns, NetnsCluster
 
@@ -250,7 +255,8 @@ def remote(tmp: Path, reps: int, node_timeout: float) -> None:
             run = tmp / f"remote-{fault}{i}"
             with Netns(3, run / "net") as net:
                 c = NetnsCluster(net, run, script=EXAMPLE,
-                                 script_args=[*MODEL, "--steps", "80", "--warmup", "5"],
+                                 script_args=[*MODEL, "--steps", "80", "--warmup", "5",
+                                              "--step-sleep", str(REMOTE_SLEEP)],
                                  nnodes="2:+1", nproc=1, job_id=f"remote{i}",
                                  extra=["--progress-every", "0.1", "--node-timeout",
                                         str(node_timeout)])

@@ -57,9 +57,6 @@ COORDINATOR_RANK = 0
 #: node check decides, within the node timeout: the node lost, or this coordinator cut
 #: off), so a partition never fences the ranks on the other side one by one as hung.
 QUIET_BEATS = 3
-#: A look at the heartbeats within this long of the previous one (the looks are 50 ms
-#: apart) measures the hosts' gaps, not this coordinator's own delay.
-_ATTENTIVE_LOOK_S = 0.15
 
 
 def machine_id() -> str:
@@ -392,15 +389,15 @@ class NodePool:
             return
         beats = self.store.multi_get([P.node_beat_key(n.rank) for n in live])
         now = time.monotonic()
-        # A gap is a host's only when this coordinator was looking: after a look that
-        # came late (this process busy), every host's gap would be its own delay.
-        attentive = now - self._last_look <= _ATTENTIVE_LOOK_S
-        self._last_look = now
+        # A host's gap between two heartbeats is at least from the look that saw the
+        # first to the look before the one that sees the next: that lower bound leaves
+        # out this coordinator's own delays (a late look, this process busy).
+        previous, self._last_look = self._last_look, now
         for node, raw in zip(live, beats, strict=True):
             beat = int(raw)
             if beat != node.beat:
-                if attentive and node.beat >= 0:
-                    self.beat_gaps.observe(now - node.beat_seen, now)
+                if node.beat >= 0:
+                    self.beat_gaps.observe(max(0.0, previous - node.beat_seen), now)
                 node.beat, node.beat_seen = beat, now
         self._quiet = quiet_hosts({n.name: now - n.beat_seen for n in live},
                                   quiet_s=QUIET_BEATS * P.NODE_BEAT_INTERVAL_S)

@@ -80,27 +80,24 @@ def test_a_heartbeat_seen_late_lengthens_the_deadline(store: Any) -> None:
     pool = NodePool(store, nodes=2, node_timeout_s=TIMEOUT, register_timeout_s=10,
                     node_floor_s=FLOOR, step_deadline=lambda: STEP_DEADLINE)
     assert _beat_and_look(store, pool, (0, 1), 1.0) == []
-    # host1 misses beats for 0.6 s (under the 1 s floor: not lost), then beats again. A
-    # gap counts only when the look that ends it came on time (not 0.15 s late): on a
-    # machine too busy for that, the miss is tried again.
-    for _ in range(5):
-        assert _beat_and_look(store, pool, (0,), 0.6) == []
-        assert _beat_and_look(store, pool, (0, 1), 0.3) == []
-        gap = pool.beat_gaps.longest(time.monotonic())
-        if gap:
-            break
-    assert gap >= 0.6
+    # host1 misses beats for 0.7 s (under the 1 s floor: not lost), then beats again: a
+    # gap of at least the looks that saw nothing (0.7 s less one look, 60 ms).
+    assert _beat_and_look(store, pool, (0,), 0.7) == []
+    assert _beat_and_look(store, pool, (0, 1), 0.3) == []
+    gap = pool.beat_gaps.longest(time.monotonic())
+    assert gap >= 0.5
     assert pool.node_deadline(time.monotonic()) == pytest.approx(
         min(TIMEOUT, BEAT_GAP_FACTOR * gap))
     [failure] = _beat_and_look(store, pool, (0,), 30.0)
     silent, deadline = _silent_for(failure)
-    assert deadline >= BEAT_GAP_FACTOR * 0.6 and silent >= deadline, failure.detail
+    assert deadline >= BEAT_GAP_FACTOR * 0.5 and silent >= deadline, failure.detail
 
 
 def test_a_coordinator_stuck_itself_does_not_count_its_delay_as_the_hosts(store: Any
                                                                          ) -> None:
     # This coordinator does not look for 0.8 s (busy) while every host beats: the late look
-    # finds every heartbeat advanced, loses nobody and keeps no gap.
+    # finds every heartbeat advanced, loses nobody and takes no gap of 0.8 s for a host's
+    # (from the look before the stall to the one before the late look: nothing).
     pool = NodePool(store, nodes=2, node_timeout_s=TIMEOUT, register_timeout_s=10,
                     node_floor_s=FLOOR, step_deadline=lambda: STEP_DEADLINE)
     assert _beat_and_look(store, pool, (0, 1), 0.5) == []
