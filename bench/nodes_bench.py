@@ -1,7 +1,7 @@
 """Benchmarks of the multi-node runtime: node agents on this machine, each a simulated host
 (own name, own process group), the real `yoco run --nnodes` on every host.
 
-    python bench/nodes_bench.py [--section recovery|hang|worker|throughput|scaling|all]
+    python bench/nodes_bench.py [--section recovery|hang|remote|worker|throughput|scaling|all]
         [--reps N] [--node-timeout S] [--keep-logs DIR]
 
 A run that fails (the job fails, never reaches the kill step, a host does not end) keeps
@@ -17,6 +17,13 @@ folder, deleted at the end).
   (detected, plan seen, group formed, state synced, first step) after the kill;
 * hang: host 1's process group is SIGSTOPped; time from the stop to the fence (the
   coordinator's log line) against the steady step time;
+* remote: 2 training hosts + 1 spare host, each in a network namespace of its own with
+  its own machine id (tests/runtime/netns.py; needs root): the coordinator can neither
+  read host 1's ``/proc`` nor signal it, as with a second machine. At step >= 45 host 1 is
+  frozen (everything on it SIGSTOPped) or cut off (its switch port down), steps of the
+  small model plus a 0.1 s sleep (~0.15 s); time from the
+  fault to the fence (the coordinator's log line) against the steady step, with the node
+  deadline the coordinator used (runtime.detection.node_deadline);
 * worker: host 1's worker alone is SIGSTOPped at step 45 with the stopped-rank check off
   (``--hang-stopped-factor 0``: a hang ``/proc`` cannot see, its agent still beating);
   time from the stop to the step watchdog's fence (the coordinator's log line) against
@@ -234,6 +241,61 @@ def hang(tmp: Path, reps: int, node_timeout: float) -> None:
           f"the steady step (goal <= 5); {load()}")
 
 
+#: remote: each step also sleeps this long (steps of ~0.15 s, as in the fencing tests).
+REMOTE_SLEEP = 0.1
+
+
+def remote(tmp: Path, reps: int, node_timeout: float) -> None:
+    from tests.runtime.netns import Netns, NetnsCluster
+
+    os.environ.update(ENV)  # the hosts' threads, as Hosts gives them
+    ratios: dict[str, list[float]] = {"freeze": [], "cut": []}
+    for i in range(reps):
+        for fault, got in ratios.items():
+            run = tmp / f"remote-{fault}{i}"
+            with Netns(3, run / "net") as net:
+                c = NetnsCluster(net, run, script=EXAMPLE,
+                                 script_args=[*MODEL, "--steps", "80", "--warmup", "5",
+                                              "--step-sleep", str(REMOTE_SLEEP)],
+                                 nnodes="2:+1", nproc=1, job_id=f"remote{i}",
+                                 extra=["--progress-every", "0.1", "--node-timeout",
+                                        str(node_timeout)])
+                try:
+                    c.start_all()
+                    c.progress_at(45, timeout=300)
+                    at = time.time()
+                    (net.freeze if fault == "freeze" else net.cut)(1)
+                    c.wait_until(lambda c=c: "node host1 silent" in c.log(0), "the fence",
+                                 120)
+                    (net.thaw if fault == "freeze" else net.heal)(1)
+                    code = c.wait(0, timeout=300)
+                finally:
+                    c.close()
+                log, recs = c.log(0), c.records()
+            m = re.search(r"^(\S+ \S+) yoco\.runtime\.nodepool node host1 silent for "
+                          r"\S+ s \(no heartbeat; lost after (\S+) s\)", log, re.M)
+            outs = [r for r in recs if r["kind"] == "outcome"]
+            if code != 0 or not m or not outs:
+                shutil.copytree(run, Path(tempfile.gettempdir()) / run.name,
+                                dirs_exist_ok=True)
+                raise RuntimeError(f"remote {fault}: exit {code}, fence line {bool(m)}, "
+                                   f"outcomes {len(outs)}; logs kept in "
+                                   f"{Path(tempfile.gettempdir()) / run.name}")
+            detect = _log_ts(m.group(1)) - at
+            step = outs[0]["step_seconds"]
+            got.append(detect / step)
+            print(f"[nodes/remote]   {fault} of a remote host -> fenced {detect * 1e3:.0f} ms "
+                  f"(node deadline {float(m.group(2)) * 1e3:.0f} ms); steady step "
+                  f"{step * 1e3:.0f} ms -> {got[-1]:.1f} x; {outs[0]['outcome']}, "
+                  f"{outs[0]['lost_steps']} lost")
+            if not KEEP:
+                shutil.rmtree(run, ignore_errors=True)
+    for fault, got in ratios.items():
+        print(f"[nodes/remote] {fault} of a host on another machine (--node-timeout "
+              f"{node_timeout}): median {statistics.median(got):.1f} x the steady step "
+              f"(goal <= 5; {len(got)} runs); {load()}")
+
+
 def worker(tmp: Path, reps: int, node_timeout: float) -> None:
     ratios = []
     for i in range(reps):
@@ -305,7 +367,8 @@ def scaling(tmp: Path, reps: int, node_timeout: float, hosts: list[int] | None =
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--section", default="all",
-                    choices=["recovery", "hang", "worker", "throughput", "scaling", "all"])
+                    choices=["recovery", "hang", "remote", "worker", "throughput", "scaling",
+                             "all"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--node-timeout", type=float, default=2.0)
     ap.add_argument("--hosts", default="2,4,8", help="scaling: training hosts to measure")
@@ -326,7 +389,8 @@ def main() -> None:
     else:
         tmp = Path(tempfile.mkdtemp(prefix="yoco-nodes-bench-"))
     try:
-        for name, fn in (("recovery", recovery), ("hang", hang), ("worker", worker),
+        for name, fn in (("recovery", recovery), ("hang", hang), ("remote", remote),
+                         ("worker", worker),
                          ("throughput", throughput), ("scaling", scaling)):
             if a.section in ("all", name):
                 fn(tmp, a.reps, a.node_timeout)

@@ -15,7 +15,13 @@ reported and when, the I/O around it is the supervisor's and the agents'):
 * :class:`StepTimes` / :func:`adaptive_deadline` -- how long without a committed step
   counts as hung: ``max(floor, factor x the longest recent step)``, once enough steps were
   seen after the warm-up (before: the conservative startup deadline); checkpoint steps
-  apart, never under the startup deadline (:func:`checkpoint_deadline`).
+  apart, never under the startup deadline (:func:`checkpoint_deadline`);
+* :class:`BeatGaps` / :func:`node_deadline` -- how long a host may be silent before it is
+  lost: while the job is stalled, ``min(node timeout, max(floor, BEAT_GAP_FACTOR x the
+  longest recent gap between two heartbeats, the step deadline))``, so a partitioned or
+  frozen host on another machine is fenced within a few steady steps, never sooner than
+  the heartbeats have been seen to falter; while the job commits steps (its hosts are
+  there), the node timeout.
 """
 
 from __future__ import annotations
@@ -46,6 +52,73 @@ WARMUP_STEPS = 2
 TAIL_QUANTILE = 1.0
 
 
+#: A host is never lost for a silence shorter than this (``--node-floor``'s default): five
+#: heartbeat intervals (runtime.protocol.NODE_BEAT_INTERVAL_S is 0.1 s), so a beat or two
+#: delayed by a busy machine or a retransmitted packet is not a lost host.
+NODE_FLOOR_S = 0.5
+#: A host's silence must also exceed this many times the longest gap between two
+#: heartbeats recently seen from any host (a machine that stalled once may stall again).
+BEAT_GAP_FACTOR = 3.0
+#: How long a long heartbeat gap keeps the node deadline up (seconds).
+BEAT_MEMORY_S = 300.0
+
+
+def node_deadline(*, timeout_s: float, floor_s: float, longest_gap_s: float,
+                  step_deadline_s: float, stalled_s: float = math.inf) -> float:
+    """Seconds of silence after which a host is lost (fenced as ``hang``): while the job
+    has committed no step for longer than it (``stalled_s``), ``min(timeout_s,
+    max(floor_s, BEAT_GAP_FACTOR x longest_gap_s, step_deadline_s))``; while the job
+    still commits steps, ``timeout_s``.
+
+    Every step needs every training host, so a job that still commits steps proves its
+    hosts are there, whatever their heartbeats say (an oversubscribed host's heartbeat
+    thread can wait a second for a CPU): the short deadline needs the stall to
+    corroborate the silence. A frozen or cut-off training host stalls the job at once;
+    a silent spare host stalls nothing and is set aside after ``timeout_s``, which costs
+    the job nothing.
+
+    ``timeout_s`` (``--node-timeout``) is the most a silent host is ever waited for;
+    ``step_deadline_s`` is the job's adaptive hang deadline of ordinary steps
+    (:func:`adaptive_deadline`: the startup deadline until the steps are known, so the
+    node timeout rules then), which keeps a job of long steps as patient with its hosts
+    as with its ranks; ``longest_gap_s`` the longest gap between two consecutive
+    heartbeats of one host seen recently (:class:`BeatGaps`)."""
+    if timeout_s <= 0 or floor_s <= 0 or longest_gap_s < 0 or step_deadline_s < 0 \
+            or stalled_s < 0:
+        raise ValueError("timeout_s and floor_s must be > 0, the gap, the step deadline "
+                         "and the stall >= 0")
+    short = min(timeout_s, max(floor_s, BEAT_GAP_FACTOR * longest_gap_s, step_deadline_s))
+    return short if stalled_s > short else timeout_s
+
+
+class BeatGaps:
+    """The long gaps between consecutive heartbeats of a host, as the coordinator saw
+    them on its own monotonic clock: ``observe(gap_s, now)`` each time a host's heartbeat
+    advanced, ``longest(now)`` the longest gap of the last ``memory_s`` seconds. Gaps
+    too short to raise :func:`node_deadline` above ``floor_s`` are not kept, so that
+    the steady ten beats a second of every host cost nothing."""
+
+    def __init__(self, *, floor_s: float = NODE_FLOOR_S, memory_s: float = BEAT_MEMORY_S
+                 ) -> None:
+        if floor_s <= 0 or memory_s <= 0:
+            raise ValueError("floor_s and memory_s must be > 0")
+        self._keep_over = floor_s / BEAT_GAP_FACTOR
+        self._memory = memory_s
+        self._gaps: deque[tuple[float, float]] = deque()  # (seen at, gap), oldest first
+
+    def observe(self, gap_s: float, now: float) -> None:
+        """Note a gap of ``gap_s`` seconds between two heartbeats, ended at ``now``."""
+        if gap_s > self._keep_over:
+            self._gaps.append((now, gap_s))
+
+    def longest(self, now: float) -> float:
+        """The longest gap seen in the last ``memory_s`` seconds before ``now`` (0.0 for
+        none worth keeping)."""
+        while self._gaps and now - self._gaps[0][0] > self._memory:
+            self._gaps.popleft()
+        return max((gap for _, gap in self._gaps), default=0.0)
+
+
 def coordinator_lost(last_advanced: float, now: float, timeout_s: float) -> bool:
     """True when the coordinator's liveness counter last advanced (``last_advanced``, on
     the caller's monotonic clock) more than ``timeout_s`` before ``now``."""
@@ -69,7 +142,7 @@ class PartitionVerdict:
 
 
 def partition_verdict(silence_s: Mapping[int, float], *, self_rank: int,
-                      timeout_s: float) -> PartitionVerdict:
+                      timeout_s: float, cut_off_s: float | None = None) -> PartitionVerdict:
     """Decide from how long each live host has been silent (``silence_s``: node rank ->
     seconds since its heartbeat last advanced, measured by the coordinator on its own
     monotonic clock; ``self_rank``, the coordinator's own host, is always reachable).
@@ -79,15 +152,20 @@ def partition_verdict(silence_s: Mapping[int, float], *, self_rank: int,
       :data:`QUIET_FRACTION` of it are two or more and leave the coordinator's side
       without a strict majority of the live hosts: the coordinator is cut off
       (``cut_off``): a partition of its own host, or a correlated loss of most hosts it
-      cannot tell from one -- either way it must not blame the majority.
+      cannot tell from one -- either way it must not blame the majority. Stopping the
+      whole job costs far more than losing one host, so this is decided only once one of
+      them is silent past ``cut_off_s`` (default: ``timeout_s``; the supervisor passes
+      the node timeout while ``timeout_s`` is the shorter adaptive deadline): until
+      then nobody is lost and nothing is decided (``quiet`` says who is silent).
     * Otherwise the hosts past the timeout are lost (``lose``), as before.
 
     A single silent host is always lost, even in a job of two hosts (where no side has a
     majority): one host's silence is the usual hang, and a coordinator that stopped at
     each one would end every two-host job at its first frozen host (docs/runtime.md).
     """
-    if timeout_s <= 0:
-        raise ValueError("timeout_s must be > 0")
+    cut_off_s = timeout_s if cut_off_s is None else cut_off_s
+    if timeout_s <= 0 or cut_off_s < timeout_s:
+        raise ValueError("timeout_s must be > 0 and cut_off_s >= timeout_s")
     others = {r: s for r, s in silence_s.items() if r != self_rank}
     overdue = tuple(sorted(r for r, s in others.items() if s > timeout_s))
     if not overdue:
@@ -96,7 +174,9 @@ def partition_verdict(silence_s: Mapping[int, float], *, self_rank: int,
     live = len(others) + 1
     reachable = live - len(quiet)
     if len(quiet) >= 2 and 2 * reachable <= live:
-        return PartitionVerdict(cut_off=True, quiet=quiet)
+        if any(others[r] > cut_off_s for r in overdue):
+            return PartitionVerdict(cut_off=True, quiet=quiet)
+        return PartitionVerdict(quiet=quiet)
     return PartitionVerdict(lose=overdue, quiet=quiet)
 
 

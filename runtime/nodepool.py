@@ -6,7 +6,9 @@ The coordinator (the supervisor on node rank 0) asks an agent to start or kill a
 (a queue per node); agents report every start, every process that begins to die
 (``PF_EXITING``) and every exit status on one shared event queue, and beat every 0.1 s.
 A node whose agent is gone (its process group killed: power, kernel panic) or silent for
-``node_timeout_s`` (frozen, partitioned) is *lost*: every process on it counts as dead at
+the node deadline (frozen, partitioned: :func:`runtime.detection.node_deadline`: a few
+steady steps once the job's steps are known and the job is stalled, else
+``node_timeout_s``) is *lost*: every process on it counts as dead at
 once, with the cause ``node_lost`` or ``hang``, and a silent node is fenced (its processes
 killed where this machine can reach them; elsewhere it is told so under
 ``node/RANK/fenced`` and each of its processes under ``fenced/SLOT``, before the next
@@ -16,8 +18,9 @@ machine whose agent and processes ``/proc`` shows *stopped* (a frozen host: its 
 group SIGSTOPped) is fenced sooner, after :func:`runtime.processes.stopped_deadline`
 (3 steady steps, at least 0.25 s): a stopped process cannot be merely slow. Silences are
 judged together (:func:`runtime.detection.partition_verdict`): when the silent hosts leave
-the coordinator without a majority, the coordinator is the one cut off -- it loses nobody
-and sets :attr:`NodePool.cut_off`, and the supervisor stops without recording anything.
+the coordinator without a majority, the coordinator is the one cut off -- it loses nobody,
+waits for the full ``node_timeout_s`` (stopping the job costs more than losing a host),
+then sets :attr:`NodePool.cut_off`, and the supervisor stops without recording anything.
 
 Placement: each node runs up to ``nproc`` processes (one per GPU). A new process goes to
 the lowest-ranked live node with a free place, so the first ``nnodes x nproc`` processes
@@ -30,6 +33,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -40,7 +44,7 @@ from typing import Any
 
 from runtime import protocol as P
 from runtime.coordinator import frozen_look_due, host_frozen, quiet_hosts
-from runtime.detection import partition_verdict
+from runtime.detection import NODE_FLOOR_S, BeatGaps, node_deadline, partition_verdict
 from runtime.errors import ConfigError
 from runtime.processes import process_exiting, process_stopped, stopped_deadline
 
@@ -148,12 +152,23 @@ class NodePool:
 
     def __init__(self, store: Any, *, nodes: int, node_timeout_s: float,
                  register_timeout_s: float = 300.0, stopped_factor: float = 0.0,
-                 step_seconds: Callable[[], float] = lambda: 0.0) -> None:
-        if nodes < 1 or node_timeout_s <= 0 or stopped_factor < 0:
-            raise ConfigError("a node pool needs nodes >= 1, node_timeout_s > 0 and "
-                              "stopped_factor >= 0")
+                 step_seconds: Callable[[], float] = lambda: 0.0,
+                 node_floor_s: float = NODE_FLOOR_S,
+                 step_deadline: Callable[[], float] = lambda: math.inf,
+                 stalled: Callable[[], float] = lambda: math.inf) -> None:
+        if nodes < 1 or node_timeout_s <= 0 or stopped_factor < 0 or node_floor_s <= 0:
+            raise ConfigError("a node pool needs nodes >= 1, node_timeout_s > 0, "
+                              "node_floor_s > 0 and stopped_factor >= 0")
         self.store = store
         self.node_timeout_s = node_timeout_s
+        # A silent host is lost after node_deadline(...): step_deadline() is the job's
+        # adaptive hang deadline of ordinary steps (inf: the node timeout alone), and
+        # stalled() how long the job has committed no step (the short deadline needs
+        # the job stalled too).
+        self.node_floor_s = node_floor_s
+        self.step_deadline = step_deadline
+        self.stalled = stalled  # seconds since the job last committed a step
+        self.beat_gaps = BeatGaps(floor_s=node_floor_s)
         # A frozen node on this machine is fenced after stopped_deadline(step, this)
         # (0: only after node_timeout_s); step_seconds() is the job's steady step.
         self.stopped_factor = stopped_factor
@@ -164,6 +179,7 @@ class NodePool:
         self._next_slot = 0
         self._last_refresh = 0.0
         self._last_beats = 0.0
+        self._last_look = 0.0  # when _check_nodes last read the heartbeats
         self._failures: list[NodeFailure] = []
         self._returned: list[str] = []
         self._closing = False
@@ -373,9 +389,15 @@ class NodePool:
             return
         beats = self.store.multi_get([P.node_beat_key(n.rank) for n in live])
         now = time.monotonic()
+        # A host's gap between two heartbeats is at least from the look that saw the
+        # first to the look before the one that sees the next: that lower bound leaves
+        # out this coordinator's own delays (a late look, this process busy).
+        previous, self._last_look = self._last_look, now
         for node, raw in zip(live, beats, strict=True):
             beat = int(raw)
             if beat != node.beat:
+                if node.beat >= 0:
+                    self.beat_gaps.observe(max(0.0, previous - node.beat_seen), now)
                 node.beat, node.beat_seen = beat, now
         self._quiet = quiet_hosts({n.name: now - n.beat_seen for n in live},
                                   quiet_s=QUIET_BEATS * P.NODE_BEAT_INTERVAL_S)
@@ -385,8 +407,10 @@ class NodePool:
                            f"{now - node.beat_seen:.2f} s (no heartbeat), its agent and "
                            "processes stopped (/proc): fenced", node.beat_seen)
         live = [n for n in live if n.lost is None]
+        deadline = self.node_deadline(now)
         verdict = partition_verdict({n.rank: now - n.beat_seen for n in live},
-                                    self_rank=COORDINATOR_RANK, timeout_s=self.node_timeout_s)
+                                    self_rank=COORDINATOR_RANK, timeout_s=deadline,
+                                    cut_off_s=self.node_timeout_s)
         if verdict.cut_off:
             if self.cut_off is None:
                 names = [n.name for n in live if n.rank in verdict.quiet]
@@ -398,8 +422,16 @@ class NodePool:
         for node in live:
             if node.rank in verdict.lose:
                 self._lose(node, "hang", f"node {node.name} silent for "
-                           f"{now - node.beat_seen:.1f} s (no heartbeat): fenced",
-                           node.beat_seen)
+                           f"{now - node.beat_seen:.2f} s (no heartbeat; lost after "
+                           f"{deadline:.2f} s): fenced", node.beat_seen)
+
+    def node_deadline(self, now: float) -> float:
+        """Seconds of silence after which a host is lost now
+        (:func:`runtime.detection.node_deadline`: at most ``node_timeout_s``)."""
+        return node_deadline(timeout_s=self.node_timeout_s, floor_s=self.node_floor_s,
+                             longest_gap_s=self.beat_gaps.longest(now),
+                             step_deadline_s=self.step_deadline(),
+                             stalled_s=max(0.0, self.stalled()))
 
     def _frozen(self, node: Node, now: float) -> bool:
         """True when ``node`` (on this machine) has been silent for the stopped deadline

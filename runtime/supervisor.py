@@ -77,7 +77,7 @@ from runtime.coordinator import (
     stopped_to_fence,
     too_many_recoveries,
 )
-from runtime.detection import StepTimes
+from runtime.detection import NODE_FLOOR_S, StepTimes
 from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
 from runtime.loans import (
@@ -188,6 +188,11 @@ class LaunchConfig:
     # name in all records.
     node_name: str | None = None
     node_timeout_s: float = 2.0
+    # ...or sooner while the job is stalled: after runtime.detection.node_deadline
+    # (max(node_floor_s, 3 x the longest recent heartbeat gap, the hang deadline of
+    # ordinary steps), at most node_timeout_s); a coordinator cut off from most hosts
+    # waits for node_timeout_s.
+    node_floor_s: float = NODE_FLOOR_S
     node_register_timeout_s: float = 300.0
     # Spare borrowing (runtime.borrowing; multi-node only): HOST:PORT of the pool store
     # shared with other jobs, and this job's priority there (higher may borrow from lower).
@@ -231,8 +236,9 @@ class LaunchConfig:
             raise ConfigError("max_recoveries must be >= 1")
         if self.nodes < 0 or not 0 <= self.port < 65536:
             raise ConfigError("nodes must be >= 0 and port in 0..65535")
-        if self.node_timeout_s <= 0 or self.node_register_timeout_s <= 0:
-            raise ConfigError("node timeouts must be > 0")
+        if self.node_timeout_s <= 0 or self.node_register_timeout_s <= 0 \
+                or self.node_floor_s <= 0:
+            raise ConfigError("node timeouts and node_floor_s must be > 0")
         if self.pool is not None and not self.nodes:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")
 
@@ -406,7 +412,10 @@ class Supervisor:
                                  node_timeout_s=config.node_timeout_s,
                                  register_timeout_s=config.node_register_timeout_s,
                                  stopped_factor=config.hang_stopped_factor,
-                                 step_seconds=lambda: self.step_seconds)
+                                 step_seconds=lambda: self.step_seconds,
+                                 node_floor_s=config.node_floor_s,
+                                 step_deadline=self.step_deadline,
+                                 stalled=self.stalled_s)
         # Hosts shared with other jobs (lent and borrowed): runtime.borrowing.
         self.loans = Loans(
             store=self.store, nodes=self.pool, job_id=self.job_id,  # type: ignore[arg-type]
@@ -1192,6 +1201,22 @@ class Supervisor:
             floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
             startup_s=self.cfg.hang_startup_s,
             checkpoint=self.step_times.checkpoint_next(self.last_step))
+
+    def stalled_s(self) -> float:
+        """Seconds since the job last committed a step (0.0 while the step watchdog is
+        not armed: before the first step, or until a planned change's first step)."""
+        if self._advanced_at is None:
+            return 0.0
+        return max(0.0, time.monotonic() - self._advanced_at)
+
+    def step_deadline(self) -> float:
+        """The hang deadline of an ordinary step (:meth:`hang_deadline` without the
+        checkpoint steps' allowance: a host's heartbeats do not pause while it writes a
+        checkpoint), which :func:`runtime.detection.node_deadline` keeps a silent host's
+        deadline above."""
+        return self.step_times.deadline(
+            floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
+            startup_s=self.cfg.hang_startup_s)
 
     def _observe_beats(self) -> None:
         """Note, on this supervisor's monotonic clock, when each member's heartbeat last

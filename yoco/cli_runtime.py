@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from runtime.detection import NODE_FLOOR_S  # pure, no torch: the option's default
+
 if TYPE_CHECKING:
     from runtime.sink import RecordSink, SinkSpec
 
@@ -150,8 +152,17 @@ def run(
         help="Multi-node: processes (GPUs) per node; replaces --workers/--spares."),
     node_timeout: float = typer.Option(
         2.0, "--node-timeout", min=0.1,
-        help="Multi-node: a node whose agent has not beaten for this long is hung: it is "
-             "fenced and replaced by a spare node (cause hang)."),
+        help="Multi-node: the longest a silent node is waited for: a node whose agent "
+             "has not beaten for this long is hung: it is fenced and replaced by a spare "
+             "node (cause hang). Sooner once the job's steps are known: after max("
+             "--node-floor, 3 x the longest recent gap between heartbeats, the step "
+             "watchdog's deadline). A coordinator that hears from no majority of its "
+             "nodes waits this long, then stops (exit 4; --resume after the heal)."),
+    node_floor: float = typer.Option(
+        NODE_FLOOR_S, "--node-floor", min=0.1,
+        help="Multi-node: a node is never lost for a silence shorter than this (see "
+             "--node-timeout; heartbeats are 0.1 s apart). Raise it on a network that "
+             "drops out for longer without losing a host."),
     pool: str | None = typer.Option(
         None, "--pool", envvar="YOCO_POOL",
         help="Multi-node: HOST:PORT of a host pool shared with other jobs (yoco pool): "
@@ -228,7 +239,7 @@ def run(
                           node_name=node_name), os.environ, socket.gethostname())
             if cfg.job_id is None and os.environ.get("SLURM_JOB_ID"):
                 cfg.job_id = f"slurm-{os.environ['SLURM_JOB_ID']}"
-            cfg.node_timeout_s = node_timeout
+            cfg.node_timeout_s, cfg.node_floor_s = node_timeout, node_floor
             cfg.pool, cfg.priority = pool, priority  # checked in run_node (nodes known)
         elif pool is not None:
             raise ConfigError("--pool (spare borrowing) needs a multi-node job (--nnodes)")

@@ -1,18 +1,23 @@
 """The pure detection decisions (runtime/detection.py), in-process with injected times:
 the agents' coordinator deadline, the coordinator's partition verdict (blame the silent
-hosts, or find itself cut off), and the adaptive hang deadline."""
+hosts, or find itself cut off), the adaptive hang deadline and the node deadline."""
 
 from __future__ import annotations
 
 import pytest
 
 from runtime.detection import (
+    BEAT_GAP_FACTOR,
+    BEAT_MEMORY_S,
     MIN_STEP_SAMPLES,
+    NODE_FLOOR_S,
     QUIET_FRACTION,
+    BeatGaps,
     PartitionVerdict,
     StepTimes,
     adaptive_deadline,
     coordinator_lost,
+    node_deadline,
     partition_verdict,
     quantile,
 )
@@ -111,3 +116,74 @@ def test_step_times_come_from_commits_seen_on_one_clock() -> None:
     assert st.deadline(floor_s=0.1, factor=4.0, startup_s=3.0) == 3.0
     assert adaptive_deadline([*st.samples] * 3, floor_s=0.1, factor=4.0, startup_s=3.0) \
         == pytest.approx(1.2)
+
+
+def test_the_node_deadline_is_a_few_steady_steps_within_its_floor_and_the_timeout() -> None:
+    # Steps of 0.1 s: the step deadline is the hang floor (0.4 s): the node floor rules.
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.0,
+                         step_deadline_s=0.4) == NODE_FLOOR_S
+    # Steps of 0.45 s: the step deadline (2 x 0.45) rules: a slow job stays patient.
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.1,
+                         step_deadline_s=0.9) == 0.9
+    # Heartbeats once seen 0.3 s apart: 3 x that.
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.3,
+                         step_deadline_s=0.4) == pytest.approx(BEAT_GAP_FACTOR * 0.3)
+    # Before the steps are known (the startup deadline, 3 s) or with a long gap: never
+    # past the node timeout.
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.0,
+                         step_deadline_s=3.0) == T
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=5.0,
+                         step_deadline_s=0.4) == T
+    # A floor above the timeout: the timeout.
+    assert node_deadline(timeout_s=T, floor_s=3.0, longest_gap_s=0.0,
+                         step_deadline_s=0.0) == T
+    # The job still commits steps (stalled for less than the short deadline): its hosts
+    # are there, whatever their heartbeats say: the node timeout.
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.0,
+                         step_deadline_s=0.4, stalled_s=0.3) == T
+    assert node_deadline(timeout_s=T, floor_s=NODE_FLOOR_S, longest_gap_s=0.0,
+                         step_deadline_s=0.4, stalled_s=0.51) == NODE_FLOOR_S
+    for bad in ({"timeout_s": 0.0}, {"floor_s": 0.0}, {"longest_gap_s": -1.0},
+                {"step_deadline_s": -0.1}, {"stalled_s": -1.0}):
+        args = {"timeout_s": T, "floor_s": 0.5, "longest_gap_s": 0.0,
+                "step_deadline_s": 0.4} | bad
+        with pytest.raises(ValueError):
+            node_deadline(**args)
+
+
+def test_beat_gaps_keep_the_long_gaps_for_their_memory() -> None:
+    gaps = BeatGaps(floor_s=0.5, memory_s=10.0)
+    for k in range(100):  # the steady beats: too short to matter, not kept
+        gaps.observe(0.1, 100.0 + k * 0.1)
+    assert gaps.longest(110.0) == 0.0
+    gaps.observe(0.5 / BEAT_GAP_FACTOR, 110.0)  # not longer than floor / factor: not kept
+    assert gaps.longest(110.0) == 0.0
+    gaps.observe(0.4, 111.0)
+    gaps.observe(0.25, 112.0)
+    assert gaps.longest(112.0) == 0.4
+    assert gaps.longest(121.0) == 0.4      # 10 s after the 0.4 s gap: still kept
+    assert gaps.longest(121.5) == 0.25     # then forgotten; the later one stays
+    assert gaps.longest(122.5) == 0.0
+    assert BeatGaps().longest(0.0) == 0.0 and BEAT_MEMORY_S > 0
+    with pytest.raises(ValueError):
+        BeatGaps(floor_s=0.0)
+
+
+def test_a_coordinator_cut_off_waits_for_the_node_timeout_before_it_stops() -> None:
+    # The adaptive deadline (0.5 s) loses a lone silent host; a silent majority stops the
+    # job only past the node timeout: until then nobody is lost and nothing decided.
+    lone = partition_verdict({0: 0.0, 1: 0.6, 2: 0.05}, self_rank=0, timeout_s=0.5,
+                             cut_off_s=T)
+    assert (lone.lose, lone.cut_off) == ((1,), False)
+    early = partition_verdict({0: 0.0, 1: 0.6, 2: 0.55}, self_rank=0, timeout_s=0.5,
+                              cut_off_s=T)
+    assert (early.lose, early.cut_off, early.quiet) == ((), False, (1, 2))
+    late = partition_verdict({0: 0.0, 1: T + 0.01, 2: T - 0.05}, self_rank=0,
+                             timeout_s=0.5, cut_off_s=T)
+    assert (late.lose, late.cut_off) == ((), True)
+    # One of them beats again before the timeout: the other is a lone silent host, lost.
+    healed = partition_verdict({0: 0.0, 1: 1.2, 2: 0.05}, self_rank=0, timeout_s=0.5,
+                               cut_off_s=T)
+    assert (healed.lose, healed.cut_off) == ((1,), False)
+    with pytest.raises(ValueError, match="cut_off_s"):
+        partition_verdict({0: 0.0}, self_rank=0, timeout_s=1.0, cut_off_s=0.5)

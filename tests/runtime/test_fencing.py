@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import protocol as P
+from runtime.detection import NODE_FLOOR_S
 from runtime.membership import Membership
 from runtime.reduction import GradientReducer
 from runtime.state import split_state
@@ -31,7 +32,10 @@ from tests.runtime.netns import Netns, NetnsCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "mlp_train.py")
-STEPS = 16
+#: Long enough that the job's steps are known when the host goes (the warm-up and
+#: MIN_STEP_SAMPLES steps): the host is then lost after the adaptive node deadline, a few
+#: steady steps, not after --node-timeout.
+STEPS = 48
 
 
 def _gloo_pair(prefix: str) -> list[Any]:
@@ -168,13 +172,16 @@ def _assert_identical(a: Path, b: Path) -> None:
     assert diff == 0.0, f"final state differs from the failure-free run: max |d| {diff:.3g}"
 
 
+NODE_TIMEOUT = 4.0
+
+
 def _cluster(net: Netns, tmp: Path) -> NetnsCluster:
     return NetnsCluster(net, tmp, script=EXAMPLE,
                         script_args=["--steps", str(STEPS), "--step-sleep", "0.15",
                                      "--out", str(tmp / "final.pt")],
                         nnodes="2:+1", nproc=1,
                         extra=["--checkpoint-every", "5", "--progress-every", "0.2",
-                               "--node-timeout", "2"])
+                               "--node-timeout", str(NODE_TIMEOUT)])
 
 
 def _failures(c: NetnsCluster) -> list[dict[str, Any]]:
@@ -190,12 +197,12 @@ def test_a_fenced_worker_host_that_comes_back_changes_nothing(
     net = netns(3)
     c = _cluster(net, tmp_path)
     c.start_all()
-    c.progress_at(5)
+    c.progress_at(40)
     if fault == "freeze":
         net.freeze(1)
     else:
         net.cut(1)
-    # Fenced as hung (silent past --node-timeout), its rank moved onto host2 (frozen:
+    # Fenced as hung (silent past the node deadline), its rank moved onto host2 (frozen:
     # until the new group has stepped, the outcome; cut off: until the failure is
     # written, ~1 s after the fence, so that the partition stays well under the agent's
     # 5 s coordinator timeout) ...
@@ -211,6 +218,12 @@ def test_a_fenced_worker_host_that_comes_back_changes_nothing(
     fails = [r for r in recs if r["kind"] == "failure"]
     outcomes = [r for r in recs if r["kind"] == "outcome"]
     assert [(f["node"], f["cause"]) for f in fails] == [("host1", "hang")], c.logs()
+    # Lost at the adaptive deadline (max(--node-floor, 3 x the longest heartbeat gap, the
+    # step watchdog's deadline) on 0.15 s steps), not at the node timeout.
+    detail = fails[0]["detail"]
+    silent = float(detail.split("silent for ")[1].split(" s")[0])
+    deadline = float(detail.split("lost after ")[1].split(" s")[0])
+    assert NODE_FLOOR_S <= deadline < NODE_TIMEOUT and silent >= deadline, detail
     assert [(o["failure_event_id"], o["outcome"], o["lost_steps"]) for o in outcomes] \
         == [(fails[0]["event_id"], "live_migrated", 0)]
     assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS

@@ -369,7 +369,8 @@ def test_a_remote_node_silent_for_the_timeout_is_fenced_as_hung(tmp_path: Path) 
     [failure] = lost
     assert (failure.node, failure.cause) == ("host1", "hang")
     silent = float(failure.detail.split("silent for ")[1].split(" s")[0])
-    assert silent >= timeout and "(no heartbeat): fenced" in failure.detail, failure
+    assert silent >= timeout and f"(no heartbeat; lost after {timeout:.2f} s): fenced" \
+        in failure.detail, failure
     # Dated at its last beat (3 timeouts after it registered), not at registration (on
     # the coordinator's monotonic clock).
     assert last_heard - 0.5 <= failure.since <= last_heard
