@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ import torch
 from typer.testing import CliRunner
 
 from runtime.faults import parse_fault
+from runtime.protocol import EXIT_FENCED
 from runtime.sink import JsonlFileSink
 from runtime.state import split_state
 from runtime.supervisor import LaunchConfig, launch
 from runtime.transparent import LAUNCHER
+from tests.runtime.netns import Netns, NetnsCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "runtime" / "scripts" / "ddp_mlp.py")
@@ -296,3 +299,40 @@ def test_an_optimizer_stepped_at_its_own_rate_is_refused(tmp_path: Path) -> None
     assert proc.returncode != 0
     assert ("optimizer 0 (of 2, in construction order) was stepped twice before "
             "optimizer(s) [1] stepped once") in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_frozen_host_on_another_machine_is_moved_live_and_bit_identically(
+        torchrun_reference: Path, netns: Callable[[int], Netns], tmp_path: Path) -> None:
+    """Transparent mode across machines: the unmodified script's two ranks on two hosts
+    in network namespaces of their own (own machine id: the coordinator can neither read
+    nor signal the other host) and a spare host. Host 1 freezes mid-training (everything
+    on it SIGSTOPped): it is fenced as hung after its silence, the survivor's rank sends
+    the state the runtime discovered to the spare host's process, the script goes on and
+    ends bit-identical to plain torchrun; thawed, the fenced host finds it was fenced and
+    exits 5 without having written anything into the live generation."""
+    net = netns(3)
+    out = tmp_path / "final.pt"
+    c = NetnsCluster(net, tmp_path, script=LAUNCHER,
+                     script_args=[SCRIPT, "--out", str(out), "--step-sleep", "0.1"],
+                     nnodes="2:+1", nproc=1,
+                     extra=["--checkpoint-every", "5", "--progress-every", "0.2",
+                            "--node-timeout", "2"])
+    c.env.update(ENV)
+    try:
+        c.start_all()
+        c.progress_at(8)
+        net.freeze(1)
+        c.wait_until(lambda: any(r["kind"] == "outcome" for r in c.outbox()), "the outcome")
+        net.thaw(1)
+        assert c.wait(0) == 0, c.logs()
+        assert c.wait(2) == 0, c.logs()
+        assert c.wait(1, timeout=60) == EXIT_FENCED, c.logs()
+    finally:
+        c.close()
+    recs = c.records()
+    fails = [r for r in recs if r["kind"] == "failure"]
+    assert [(f["node"], f["cause"]) for f in fails] == [("host1", "hang")], c.logs()
+    assert _failures(recs) == [("unplanned", "hang", "live_migrated", 0)]
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    assert "node host1 was fenced by the coordinator (hang: node host1 silent" in c.log(1)
+    _assert_identical(torchrun_reference, out)
