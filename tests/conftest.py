@@ -26,31 +26,34 @@ _DB_ROOT_FIXTURE = "pg_admin_url"
 
 
 #: The multi-process fault tests whose verdicts depend on when a fault lands (the step a
-#: kill hits, a checkpoint's timing, a node's or a rank's silence): under pytest-xdist they
-#: share one group, so they run one after another on one worker while the other workers
-#: run the rest, and no two such jobs contend for the cores at once. They are about half
-#: of the suite's time: the group is sent out first so that it does not finish last.
-SERIAL_JOB_FILES = frozenset({
-    "tests/runtime/test_faults_recorded.py",
-    "tests/runtime/test_nodes.py",
-    "tests/runtime/test_migration.py",
-    "tests/runtime/test_llm_loop.py",
-    "tests/runtime/test_hang.py",
-    "tests/runtime/test_collective_errors.py",
-    "tests/adapters/test_torchft.py",
-    "tests/adapters/test_torchrun.py",
-    "tests/runtime/test_fencing.py",
-    "tests/runtime/test_transparent.py",
-    "tests/runtime/test_partition_real.py",
-})
-SERIAL_JOB_GROUP = "runtime-fault-jobs"
+#: kill hits, a checkpoint's timing, a node's or a rank's silence), by xdist group: each
+#: group runs one job after another on one worker, so at most two such jobs run at once
+#: (the rest of the suite runs beside them: every one of them must hold under load). They
+#: are about half of the suite's CPU, and each group is a large share of its wall time:
+#: the groups are sent out first, and they are balanced by their serial durations (about
+#: 8.5 min each on an idle 2-core machine, `--durations=0`; docs/benchmarks.md). The
+#: hosts-in-namespaces tests (test_partition_real, test_fencing, the transparent mode's)
+#: share one group.
+SERIAL_JOB_FILES: dict[str, str] = {
+    "tests/runtime/test_faults_recorded.py": "runtime-fault-jobs-a",
+    "tests/runtime/test_nodes.py": "runtime-fault-jobs-a",
+    "tests/runtime/test_migration.py": "runtime-fault-jobs-a",
+    "tests/runtime/test_hang.py": "runtime-fault-jobs-a",
+    "tests/runtime/test_partition_real.py": "runtime-fault-jobs-b",
+    "tests/runtime/test_transparent.py": "runtime-fault-jobs-b",
+    "tests/runtime/test_llm_loop.py": "runtime-fault-jobs-b",
+    "tests/runtime/test_fencing.py": "runtime-fault-jobs-b",
+    "tests/adapters/test_torchrun.py": "runtime-fault-jobs-b",
+    "tests/runtime/test_collective_errors.py": "runtime-fault-jobs-b",
+    "tests/adapters/test_torchft.py": "runtime-fault-jobs-b",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the db marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses the database fixtures ``db`` (whatever its file is called),
     so that ``-m "not slow and not db"`` is the inner loop; put the timing-sensitive fault
-    jobs (:data:`SERIAL_JOB_FILES`) in one xdist group, first; and leave the ``gpu`` tests
+    jobs (:data:`SERIAL_JOB_FILES`) in their xdist groups, first; and leave the ``gpu`` tests
     out of ordinary runs: they need CUDA devices, which this project's machines and CI do
     not have, and a skip would read as a pass. They run only through ``scripts/gpu-check``
     (which sets ``YOCO_GPU_CHECK=1`` and refuses to run without a device); the run's summary
@@ -58,12 +61,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _DB_ROOT_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.db)
-        if item.path.relative_to(REPO).as_posix() in SERIAL_JOB_FILES \
-                and item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group(SERIAL_JOB_GROUP))
+        group = SERIAL_JOB_FILES.get(item.path.relative_to(REPO).as_posix())
+        if group is not None and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
             item.add_marker(pytest.mark.fault_job)
             if getattr(config.option, "loadgroup", False):  # set on xdist workers
-                _name_group(item, SERIAL_JOB_GROUP)
+                _name_group(item, group)
     # Stable: each part keeps its order (the group's tests still share their references).
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
     if os.environ.get("YOCO_GPU_CHECK") == "1":
