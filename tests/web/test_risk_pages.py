@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
 
 from billing.forecast import open_year_forecasts
 from billing.money import format_money
+
+
+@pytest.fixture
+def app(seeded: tuple[Any, Any]) -> FastAPI:
+    """The portal of tests/web/conftest.py on a clock stopped when the test starts: a
+    forecast depends on how much of the year has passed, and these tests compare the page
+    with billing's forecast computed after it (on a running clock a loaded machine saw
+    the expected credit move by a cent in between)."""
+    from web.app import create_app
+    from web.security import password_hasher
+    from web.settings import WebSettings
+
+    ctx, _ = seeded
+    stopped = datetime.now(UTC)
+    return create_app(
+        ctx,
+        WebSettings(secret_key="test-secret", figures_ttl_seconds=0),
+        hasher=password_hasher(cheap=True),
+        clock=lambda: stopped,
+    )
 
 
 def _rows(html: str) -> list[tuple[str, str]]:
