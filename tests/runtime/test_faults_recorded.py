@@ -446,15 +446,31 @@ def test_a_full_outbox_disk_keeps_records_in_memory_and_loses_none(
             time.sleep(0.05)
         _fill(disk, "filler2")  # now really full: records stay in memory
 
+    # Room is made once the outbox has said it keeps records in memory (not at a fixed
+    # step: on a loaded machine the job once reached that step before the disk was full
+    # again, and nothing was ever held in memory).
+    held = threading.Event()
+
+    class _Held(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "records are kept in memory" in record.getMessage():
+                held.set()
+
     def make_room() -> None:
+        held.wait(120)
         for name in ("filler1", "filler2"):
             (disk / name).unlink(missing_ok=True)
 
     _when_step(run_dir, 4, fill_twice)
-    _when_step(run_dir, 32, make_room)
+    threading.Thread(target=make_room, daemon=True).start()
     sink = JsonlFileSink(tmp_path / "full.records.jsonl")
-    with caplog.at_level(logging.WARNING, logger="yoco.runtime.outbox"):
-        result = launch(cfg, sink)
+    watcher = _Held()
+    logging.getLogger("yoco.runtime.outbox").addHandler(watcher)
+    try:
+        with caplog.at_level(logging.WARNING, logger="yoco.runtime.outbox"):
+            result = launch(cfg, sink)
+    finally:
+        logging.getLogger("yoco.runtime.outbox").removeHandler(watcher)
     assert result.exit_code == 0 and result.delivered, result
     text = "\n".join(caplog.messages)
     assert "released the outbox's 131072-byte reserve" in text
