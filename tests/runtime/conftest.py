@@ -80,3 +80,29 @@ def netns(tmp_path: Path) -> Iterator[Callable[[int], Netns]]:
     yield make
     for net in made:
         net.close()
+
+
+@pytest.fixture
+def remote_pair_store() -> Any:
+    """A real ``TCPStore`` (this process its server) on which two node agents have
+    registered and beaten once: node 0 on this machine (this process), node 1 on
+    "another machine" (nothing of it in this machine's ``/proc``), for in-process tests
+    of the coordinator's :class:`runtime.nodepool.NodePool`."""
+    import json
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from runtime import protocol as P
+    from runtime.nodepool import machine_id
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    here = {"name": "host0", "pid": os.getpid(), "pgid": os.getpgid(0),
+            "machine": machine_id(), "nproc": 1}
+    there = {"name": "host1", "pid": 1, "pgid": 1, "machine": "another-machine", "nproc": 1}
+    for rank, info in enumerate((here, there)):
+        store.set(P.node_beat_key(rank), "0")
+        store.set(P.node_info_key(rank), json.dumps(info))
+    return store

@@ -8,18 +8,14 @@ asserted (a late look can only find a longer silence)."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from runtime import protocol as P
 from runtime.detection import BEAT_GAP_FACTOR
-from runtime.nodepool import NodeFailure, NodePool, machine_id
+from runtime.nodepool import NodeFailure, NodePool
 
 TIMEOUT = 6.0     # --node-timeout: far above what this test waits for
 FLOOR = 1.0       # --node-floor
@@ -27,18 +23,9 @@ STEP_DEADLINE = 0.3  # the job's hang deadline of ordinary steps (short steps)
 
 
 @pytest.fixture
-def store() -> Iterator[Any]:
-    import torch.distributed as dist
-
-    s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=30))
-    here = {"name": "host0", "pid": os.getpid(), "pgid": os.getpgid(0),
-            "machine": machine_id(), "nproc": 1}
-    there = {"name": "host1", "pid": 1, "pgid": 1, "machine": "another-machine", "nproc": 1}
-    for rank, info in enumerate((here, there)):
-        s.set(P.node_beat_key(rank), "0")
-        s.set(P.node_info_key(rank), json.dumps(info))
-    yield s
+def store(remote_pair_store: Any) -> Any:
+    """Node 0 here, node 1 on another machine (tests/runtime/conftest.py)."""
+    return remote_pair_store
 
 
 def _beat_and_look(store: Any, pool: NodePool, ranks: tuple[int, ...], seconds: float

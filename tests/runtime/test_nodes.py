@@ -329,29 +329,19 @@ def test_two_nodes_lost_100_ms_apart(failure_free: Reference, cluster_factory: A
     _assert_identical(ref, c.out)
 
 
-def test_a_remote_node_silent_for_the_timeout_is_fenced_as_hung(tmp_path: Path) -> None:
+def test_a_remote_node_silent_for_the_timeout_is_fenced_as_hung(remote_pair_store: Any
+                                                               ) -> None:
     # The coordinator's heartbeat check alone, on a real store: node 1 is on another
     # machine (nothing of it can be read in /proc or signalled), so silence is all the
     # coordinator can go by. While both nodes beat, neither is lost, however long that
     # lasts; once node 1 stops beating it is lost as hung, not before --node-timeout and
     # dated when it was last heard. Each beat is followed by the coordinator's look in
     # this one thread, so a loaded machine delays both alike and cannot fake a silence.
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     from runtime import protocol as P
-    from runtime.nodepool import NodePool, machine_id
+    from runtime.nodepool import NodePool
 
     timeout = 1.0
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
-    here = {"name": "host0", "pid": os.getpid(), "pgid": os.getpgid(0),
-            "machine": machine_id(), "nproc": 1}
-    there = {"name": "host1", "pid": 1, "pgid": 1, "machine": "another-machine", "nproc": 1}
-    for rank, info in enumerate((here, there)):
-        store.set(P.node_beat_key(rank), "0")
-        store.set(P.node_info_key(rank), json.dumps(info))
+    store = remote_pair_store
     pool = NodePool(store, nodes=2, node_timeout_s=timeout, register_timeout_s=10)
     assert not pool.nodes[1].reachable
     alive_until = time.monotonic() + 3 * timeout
