@@ -87,8 +87,15 @@ def test_a_fork_given_up_on_is_killed_when_it_comes(zygote: Zygote, tmp_path: Pa
     # slot): the child the zygote forks later must not run on as a second w1.
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    with pytest.raises(RuntimeError, match="did not fork w1"):
-        zygote.spawn("w1", [str(script), "sleep"], {}, tmp_path / "w1.log", timeout=0)
+    # The zygote is stopped while spawn() waits, so the fork comes after spawn() has given
+    # up, whatever the machine's load (with a running zygote and timeout=0, a fast fork
+    # could be reported first and spawn() would rightly succeed).
+    os.kill(zygote._proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RuntimeError, match="did not fork w1"):
+            zygote.spawn("w1", [str(script), "sleep"], {}, tmp_path / "w1.log", timeout=0.2)
+    finally:
+        os.kill(zygote._proc.pid, signal.SIGCONT)
     with zygote.cond:
         assert zygote.cond.wait_for(lambda: -signal.SIGKILL in zygote._exits.values(), 30)
     assert "w1" not in zygote._pids
