@@ -110,12 +110,3 @@ class Fence:
     cause: str
     detail: str
     since: float | None = None  # when the failure began (a hang: progress stopped; monotonic)
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class ReportedFault:
-    """The first collective failure a worker reported while nobody had died (yet)."""
-
-    at: float
-    slot: str
-    error: str

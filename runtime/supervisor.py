@@ -43,7 +43,6 @@ from runtime.coordinator import (
     Borrow,
     FailJob,
     FenceNote,
-    HangPhase,
     MoveDrop,
     MoveWait,
     NeedCheckpoint,
@@ -52,32 +51,17 @@ from runtime.coordinator import (
     RecoveryView,
     SpareView,
     StartSpares,
-    blame,
-    blame_due,
-    blame_quiet_s,
     death_detected_at,
     death_record_due,
     describe_death,
-    hang_deadline_at_end,
-    hang_hosts_heard,
-    hang_phase,
-    hang_quiet_s,
-    hang_undecided,
-    hang_verdict,
     joined_note,
     joins_incident,
-    note_stopped,
-    observe_beats,
     plan_move,
     plan_recovery,
-    silent_members,
-    stalled_for,
     steps_reached,
-    stopped_look_due,
-    stopped_to_fence,
     too_many_recoveries,
 )
-from runtime.detection import NODE_FLOOR_S, StepTimes
+from runtime.detection import NODE_FLOOR_S
 from runtime.errors import ConfigError, RecordError
 from runtime.faults import FaultSpec, encode_faults
 from runtime.loans import (
@@ -91,7 +75,7 @@ from runtime.loans import (
 )
 from runtime.nodepool import NodePool
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
-from runtime.processes import WorkerPool, process_exiting, stopped_deadline
+from runtime.processes import WorkerPool, process_exiting
 from runtime.recovery import (
     FailureClass,
     Fence,
@@ -100,7 +84,6 @@ from runtime.recovery import (
     Move,
     Outcome,
     Recovery,
-    ReportedFault,
 )
 from runtime.sharded_checkpoint import discard_partial_checkpoints, latest_sharded_checkpoint
 from runtime.sink import JsonlFileSink, RecordSink, SinkSpec
@@ -114,6 +97,17 @@ from runtime.telemetry import (
     TelemetrySource,
     WarningPolicy,
     normalise_cause,
+)
+from runtime.watchdog import (
+    Committed,
+    Disarm,
+    FaultReported,
+    FenceHung,
+    FenceReporter,
+    GenerationReady,
+    StallWatch,
+    Tick,
+    WatchConfig,
 )
 
 __all__ = ["EXIT_STATUS_WAIT_S", "MERGE_WINDOW_S", "Incident", "JobResult", "LaunchConfig",
@@ -318,6 +312,40 @@ class JobResult:
         return lines
 
 
+class _SupervisorView:
+    """What the stall watch (runtime.watchdog) looks at, read from this supervisor's
+    store and process pool when the watch asks."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self._sup = sup
+
+    def quiet_nodes(self) -> bool:
+        return bool(self._sup.pool.quiet_nodes())
+
+    def node_silences(self) -> dict[str, float]:
+        return self._sup.pool.node_silences()
+
+    def host_of(self, slot: str) -> str | None:
+        return self._sup.pool.node_of(slot)
+
+    def stopped(self, slot: str) -> bool:
+        return self._sup.pool.stopped(slot)
+
+    def beat(self, slot: str) -> bytes | None:
+        store = self._sup.store
+        return store.get(P.beat_key(slot)) if store.check([P.beat_key(slot)]) else None
+
+    def alive(self, slot: str) -> bool:
+        return self._sup._alive(slot)
+
+    def eligible(self, slot: str) -> bool:
+        # Dead (the death path acts), or still starting: not stuck.
+        return self._sup._alive(slot) and self._sup.store.check([P.waiting_key(slot)])
+
+    def finished(self, slot: str) -> bool:
+        return self._sup.store.check([P.finished_key(slot)])
+
+
 class Supervisor:
     """Runs one job to completion (see :meth:`run`)."""
 
@@ -356,7 +384,6 @@ class Supervisor:
         self.recoveries: list[dict[str, Any]] = []
         self.fenced: dict[str, Fence] = {}
         self.fault_seen = 0
-        self.first_fault: ReportedFault | None = None
         self.killed_at: float | None = None  # when an injected kill fired (benchmarks)
         self.moves: list[Move] = []
         self._move_warned: set[str] = set()
@@ -369,16 +396,15 @@ class Supervisor:
         self._last_telemetry = 0.0
         self._last_store_poll = 0.0
         self._published_at = 0.0  # when the latest plan was published
-        # Step watchdog: when the committed step last advanced (or a generation became
-        # ready); None: not armed (before the first step, during a recovery).
-        self._advanced_at: float | None = None
-        self._progress_seen: tuple[int, int] = (-1, -1)  # (gen, step) of the last progress
-        # Members /proc showed stopped on every look since (the stopped-rank watchdog).
-        self._stopped_since: dict[str, float] = {}
-        # Each member's heartbeat as last read, and when it last changed (monotonic).
-        self._beats: dict[str, tuple[bytes | None, float]] = {}
-        # Recent step durations as this supervisor saw the commits (the adaptive deadline).
-        self.step_times = StepTimes(checkpoint_every=config.checkpoint_every)
+        # The step watchdog and the blame for a reported collective fault: a state
+        # machine fed this loop's observations (runtime.watchdog), its looks served by
+        # self.watch_view, its actions carried out by _handle_watch.
+        self.watch = StallWatch(WatchConfig(
+            hang_floor_s=config.hang_floor_s, hang_factor=config.hang_factor,
+            hang_startup_s=config.hang_startup_s,
+            hang_stopped_factor=config.hang_stopped_factor,
+            fault_grace_s=config.fault_grace_s, checkpoint_every=config.checkpoint_every))
+        self.watch_view = _SupervisorView(self)
         # The disk refusing status.json, and the latest failed checkpoint write.
         self.status_error: str | None = None
         self.checkpoint_error: dict[str, Any] | None = None
@@ -720,7 +746,7 @@ class Supervisor:
             # Progress first: a commit this loop was late to read (the supervisor itself
             # descheduled on a loaded machine) is not a stall of the job.
             self._handle_progress()
-            self._handle_watchdog(now)
+            self._handle_watch(now)
             self._handle_checkpoint_errors()
             if self.store.check([P.KEY_DONE]):
                 return self._finish(int(self.store.get(P.KEY_DONE)))
@@ -842,7 +868,7 @@ class Supervisor:
             self.retired.add(slot)
             self.moving.discard(slot)
         slots = [s for s, _ in dead]
-        self.first_fault = None
+        self.watch.forget_fault()
         pending = self.recovery.incidents
         last = pending[-1] if pending else None
         # (The window is read at each call: tests shorten or lengthen it.)
@@ -1074,7 +1100,8 @@ class Supervisor:
                 self.recovery = Recovery(gen=act.gen)  # no incident: the shrink loses nothing
                 self._publish(P.Plan(gen=act.gen, mode=P.PlanMode.LIVE,
                                      members=list(act.stay)))
-                self._advanced_at = None  # the step watchdog re-arms at the first step of gen
+                # The step watchdog re-arms at the first step of gen.
+                self.watch.step(Disarm(), time.monotonic())
             loans.lent(act, failure_event_id=inc.event_id if inc else None,
                        since=inc.detected if inc else time.monotonic())
         elif isinstance(act, StartReplacements):
@@ -1088,7 +1115,7 @@ class Supervisor:
             # that step's boundary (a lone member's collectives never wait, so it
             # would not notice a live plan until its end).
             self._publish(P.Plan(gen=act.gen, mode=P.PlanMode.MOVE, members=list(act.members)))
-            self._advanced_at = None  # (as for a recovery: re-armed when it steps)
+            self.watch.step(Disarm(), time.monotonic())  # (re-armed when it steps)
         elif isinstance(act, CloseLoan):
             # Measured by this supervisor alone, on its monotonic clock (as every
             # recovery_seconds): from the shrink to the first step at full width.
@@ -1164,32 +1191,8 @@ class Supervisor:
                             self.last_step, report.error))
                     self._fail(f"rollback failed on {slot}: {report.error}")
                     return
-                if self.first_fault is None:
-                    self.first_fault = ReportedFault(at=time.monotonic(), slot=slot,
-                                                     error=report.error)
-        if self.first_fault is not None:
-            ff = self.first_fault
-            quiet = blame_quiet_s(self.cfg.fault_grace_s, self.step_seconds,
-                                  P.BEAT_INTERVAL_S)
-            self._observe_beats()
-            # A host is silent: the node check decides first (not the reporter).
-            host_quiet = bool(self.pool.quiet_nodes())
-            if not blame_due(reported_at=ff.at, now=time.monotonic(), quiet_s=quiet,
-                             host_quiet=host_quiet,
-                             reporter_alive=not host_quiet and self._alive(ff.slot)):
-                return
-            # No process died: the stuck peers are fenced, else the reporter
-            # (runtime.coordinator.blame). At the old 0.5 s a busy peer was fenced as
-            # hung each time the same rank raised: never escalated.
-            self.first_fault = None
-            verdict = blame(ff.slot, self._silent_members(quiet))
-            if verdict.hung:
-                self._fence_hung(list(verdict.hung), f"{ff.slot} reported: {ff.error}")
-                return
-            log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
-                      ff.slot, ff.error, ff.slot)
-            self._fence(ff.slot, Fence(cause="collective_error", detail=ff.error))
-            self.pool.kill(ff.slot)
+                self.watch.step(FaultReported(slot=slot, error=report.error),
+                                time.monotonic())
 
     def hang_deadline(self) -> float:
         """Seconds without a committed step after which the job counts as hung:
@@ -1197,122 +1200,50 @@ class Supervisor:
         saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
         hang_startup_s)`` until enough steps were seen after the warm-up; for a checkpoint
         step, ``max(hang_startup_s, hang_factor x the longest recent checkpoint step)``."""
-        return self.step_times.deadline(
-            floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
-            startup_s=self.cfg.hang_startup_s,
-            checkpoint=self.step_times.checkpoint_next(self.last_step))
+        return self.watch.hang_deadline(self.last_step)
 
     def stalled_s(self) -> float:
         """Seconds since the job last committed a step (0.0 while the step watchdog is
         not armed: before the first step, or until a planned change's first step)."""
-        if self._advanced_at is None:
-            return 0.0
-        return max(0.0, time.monotonic() - self._advanced_at)
+        return self.watch.stalled_s(time.monotonic())
 
     def step_deadline(self) -> float:
         """The hang deadline of an ordinary step (:meth:`hang_deadline` without the
         checkpoint steps' allowance: a host's heartbeats do not pause while it writes a
         checkpoint), which :func:`runtime.detection.node_deadline` keeps a silent host's
         deadline above."""
-        return self.step_times.deadline(
-            floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
-            startup_s=self.cfg.hang_startup_s)
+        return self.watch.step_deadline()
 
-    def _observe_beats(self) -> None:
-        """Note, on this supervisor's monotonic clock, when each member's heartbeat last
-        changed (the worker's own clock, maybe another host's, is never compared with
-        this one's). Observations are kept: a beat carries its writer's time, so one
-        unchanged since an earlier look has not been written since (steady training
-        writes none)."""
-        now = time.monotonic()
-        raws = {slot: self.store.get(P.beat_key(slot))
-                if self.store.check([P.beat_key(slot)]) else None for slot in self.members}
-        self._beats = observe_beats(self._beats, raws, now)
+    def _handle_watch(self, now: float) -> None:
+        """One poll of the stall watch (runtime.watchdog.StallWatch: the step watchdog and
+        the blame for a reported collective fault); carry out what it decides."""
+        tick = Tick(view=self.watch_view, members=tuple(self.members),
+                    recovering=self.recovery.active, last_step=self.last_step,
+                    step_seconds=self.step_seconds)
+        for act in self.watch.step(tick, now):
+            if isinstance(act, FenceHung):
+                self._fence_hung(list(act.slots), act.why, act.since)
+            elif isinstance(act, FenceReporter):
+                log.error("%s's collective failed (%s) and no peer is stuck: fencing %s",
+                          act.slot, act.error, act.slot)
+                self._fence(act.slot, Fence(cause="collective_error", detail=act.error))
+                self.pool.kill(act.slot)
+            else:
+                log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which "
+                            "rank is stuck; waiting", self.last_step, act.stalled,
+                            "every member is silent" if act.every_member_silent
+                            else "every member is waiting")
 
-    def _silent_members(self, quiet_s: float) -> list[str]:
-        """Live, started members (their model built) whose heartbeat has not changed for
-        ``quiet_s`` seconds of observation (a waiting worker beats every
-        BEAT_INTERVAL_S; see protocol.beat_key): a member first observed now is not
-        silent yet."""
-        self._observe_beats()
-        now = time.monotonic()
-        # Dead (the death path acts), or still starting: not stuck.
-        eligible = [slot for slot in self.members
-                    if self._alive(slot) and self.store.check([P.waiting_key(slot)])]
-        return silent_members(self._beats, eligible, now, quiet_s)
-
-    def _handle_watchdog(self, now: float) -> None:
-        """The step watchdog: the decisions are runtime.coordinator's (stalled_for, the
-        stopped-rank rule, hang_phase / hang_verdict / hang_undecided, the hosts heard
-        from, the deadline at the job's end); this reads /proc, the beats and the
-        finished marks when they ask, and fences."""
-        stalled = stalled_for(now, self._advanced_at, recovering=self.recovery.active)
-        if stalled is None:
-            self._stopped_since.clear()
-            return
-        if self.pool.quiet_nodes():
-            return  # a host is silent: the node check decides (lost, or we are cut off)
-        if self.cfg.hang_stopped_factor and self._fence_stopped(now, stalled):
-            return
-        deadline = self.hang_deadline()
-        phase = hang_phase(stalled, deadline)
-        if phase == HangPhase.EARLY:
-            return
-        self._observe_beats()  # from a quarter of the deadline: who still beats
-        if phase == HangPhase.OBSERVE:
-            return
-        ending = any(self.store.check([P.finished_key(s)]) for s in self.members)
-        deadline = hang_deadline_at_end(deadline, ending=ending,
-                                        startup_s=self.cfg.hang_startup_s)
-        if hang_phase(stalled, deadline) != HangPhase.EXPIRED:
-            return  # a member has ended its loop: the job's end, not a stuck step
-        silent = self._silent_members(hang_quiet_s(deadline))
-        hung = hang_verdict(silent, len(self.members))
-        if hung and not hang_hosts_heard((self.pool.node_of(s) for s in hung),
-                                         self.pool.node_silences()):
-            return  # a host falling silent: the node check decides, not this one
-        if hung:
-            self._fence_hung(list(hung), f"no committed step for {stalled:.2f} s (deadline "
-                                         f"{deadline:.2f} s); its peers were waiting for it")
-            return
-        if hang_undecided(stalled, deadline):
-            return  # the silences may not have shown yet: look again at the next poll
-        log.warning("step %d has not advanced for %.1f s, but %s: cannot tell which rank "
-                    "is stuck; waiting", self.last_step, stalled,
-                    "every member is silent" if silent else "every member is waiting")
-        self._advanced_at = now  # warn again after another deadline
-
-    def _fence_stopped(self, now: float, stalled: float) -> bool:
-        """The stopped-rank watchdog: once the step has stalled for half the stopped
-        deadline, look at each member's /proc state; fence (True) the members found
-        stopped on every look for half the deadline once the step has stalled for all
-        of it, as long as one member is not stopped (it holds the state)."""
-        fast = stopped_deadline(self.step_seconds, self.cfg.hang_stopped_factor)
-        if not stopped_look_due(stalled, fast):
-            self._stopped_since.clear()
-            return False
-        self._stopped_since = note_stopped(
-            self._stopped_since, {slot: self.pool.stopped(slot) for slot in self.members},
-            now)
-        stopped = stopped_to_fence(self._stopped_since, members=len(self.members), now=now,
-                                   stalled=stalled, deadline_s=fast)
-        if not stopped:
-            return False
-        self._fence_hung(stopped, f"stopped (state T in /proc) with no committed step for "
-                                  f"{stalled:.2f} s (deadline {fast:.2f} s)")
-        self._stopped_since.clear()
-        return True
-
-    def _fence_hung(self, slots: list[str], why: str) -> None:
+    def _fence_hung(self, slots: list[str], why: str, since: float | None) -> None:
         """Kill ``slots`` (stuck: not making progress, not reporting) so that the death
-        path replaces them; their failure is recorded with cause ``hang``."""
+        path replaces them; their failure is recorded with cause ``hang`` (its stall,
+        from ``since``, counts in the recovery)."""
         for slot in slots:
             log.error("%s is hung at step %d (%s): fencing it (SIGKILL)", slot,
                       self.last_step, why)
             self._fence(slot, Fence(cause="hang", detail=f"{slot} hung at step "
-                                    f"{self.last_step}: {why}", since=self._advanced_at))
+                                    f"{self.last_step}: {why}", since=since))
             self.pool.kill(slot)
-        self._advanced_at = None
 
     def _fence(self, slot: str, fence: Fence) -> None:
         """Count ``slot`` dead without seeing it die, and tell it so in the store
@@ -1352,8 +1283,7 @@ class Supervisor:
                 "killed_at": self.killed_at, **timing})
         self.recovery = Recovery()
         self.holders = set(self.members)
-        self._advanced_at = time.monotonic()
-        self.step_times.restart()
+        self.watch.step(GenerationReady(), time.monotonic())
 
     # ----------------------------------------------------------------- moves
     def _handle_telemetry(self) -> None:
@@ -1468,11 +1398,8 @@ class Supervisor:
             return  # a fenced rank 0 that came back: not the job's progress (refused)
         now = time.monotonic()
         seen = (int(prog.get("gen", -1)), int(prog["step"]))
-        if seen != self._progress_seen:
-            self._progress_seen = seen
-            if seen[0] == self.gen and not self.recovery.active:
-                self._advanced_at = now  # the watchdog's clock restarts at each commit
-                self.step_times.observe(seen[1], now)
+        self.watch.step(Committed(gen=seen[0], step=seen[1], current_gen=self.gen,
+                                  recovering=self.recovery.active), now)
         self.last_step = max(self.last_step, int(prog["step"]))
         self.step_seconds = float(prog["step_seconds"])
         if now - self._last_progress_emit >= self.cfg.progress_interval_s \

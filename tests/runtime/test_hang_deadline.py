@@ -1,6 +1,7 @@
 """The hung-worker deadline on a fake clock: the step watchdog's pure decisions
 (runtime/detection.py's StepTimes and deadlines, runtime/coordinator.py's hang phases,
-silences and verdict) driven the way the supervisor drives them, over simulated jobs --
+silences and verdict), sequenced by the supervisor's own stall watch
+(runtime/watchdog.py's StallWatch), over simulated jobs --
 a steady 0.1 s step, a noisy one, one with long checkpoint steps, one with occasional long
 steps of its own, and the warm-up. No process, no store, no sleep: every instant is
 computed, so the detection times asserted here are fake-clock figures, not elapsed time."""
@@ -19,16 +20,8 @@ import pytest
 from runtime import protocol as P
 from runtime.coordinator import (
     HANG_HOST_HEARD_S,
-    HangPhase,
     hang_deadline_at_end,
     hang_hosts_heard,
-    hang_phase,
-    hang_quiet_s,
-    hang_undecided,
-    hang_verdict,
-    observe_beats,
-    silent_members,
-    stalled_for,
 )
 from runtime.detection import (
     MIN_STEP_SAMPLES,
@@ -38,6 +31,7 @@ from runtime.detection import (
     checkpoint_deadline,
 )
 from runtime.supervisor import LaunchConfig
+from runtime.watchdog import Committed, FenceHung, StallWatch, Tick, WatchConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(LaunchConfig)}
 FLOOR = float(_DEFAULTS["hang_floor_s"])  # type: ignore[arg-type]
@@ -60,14 +54,47 @@ class Fenced:
     deadline_s: float
 
 
+class _View:
+    """What the simulated supervisor shows the watch: w0's heartbeat (w1 writes none),
+    both started, nobody stopped in /proc (a hang it cannot see), one host."""
+
+    def __init__(self) -> None:
+        self.w0: bytes | None = None
+
+    def quiet_nodes(self) -> bool:
+        return False
+
+    def node_silences(self) -> dict[str, float]:
+        return {}
+
+    def host_of(self, slot: str) -> str | None:
+        return None
+
+    def stopped(self, slot: str) -> bool:
+        return False
+
+    def beat(self, slot: str) -> bytes | None:
+        return self.w0 if slot == "w0" else None
+
+    def alive(self, slot: str) -> bool:
+        return True
+
+    def eligible(self, slot: str) -> bool:
+        return True
+
+    def finished(self, slot: str) -> bool:
+        return False
+
+
 def run_watchdog(durations: list[float], *, hang_at: int | None = None,
                  checkpoint_every: int = 0, extra_s: float = 5.0) -> Fenced | None:
     """Simulate a job of two members: w1's step ``k`` (1-based) takes ``durations[k-1]``
     (w1 is the slow one: the step's time), w0 computes for FAST then waits in the
     collective, writing its heartbeat every BEAT_INTERVAL_S once it has waited that long
     (runtime.membership.Membership.beat). From step ``hang_at`` on w1 never commits (hung,
-    but running: /proc cannot see it). The watchdog runs at every store poll, as
-    Supervisor._handle_progress then _handle_watchdog do (one host: no node silences).
+    but running: /proc cannot see it). The supervisor's stall watch
+    (runtime.watchdog.StallWatch) is fed each new commit and a poll every POLL, as
+    Supervisor._handle_progress and _handle_watch feed it (one host: no node silences).
     Returns the first fence, or None when nobody was fenced."""
     commits = [T0]
     for k, d in enumerate(durations, 1):
@@ -79,40 +106,27 @@ def run_watchdog(durations: list[float], *, hang_at: int | None = None,
     def committed(t: float) -> int:
         return bisect.bisect_right(commits, t) - 1
 
-    times = StepTimes(checkpoint_every=checkpoint_every)
-    beats: dict[str, tuple[bytes | None, float]] = {}
-    advanced: float | None = None
-    seen = -1
-    w0_raw: bytes | None = None  # w0's heartbeat as last written
+    watch = StallWatch(WatchConfig(hang_floor_s=FLOOR, hang_factor=FACTOR,
+                                   hang_startup_s=STARTUP, hang_stopped_factor=0.0,
+                                   fault_grace_s=0.5, checkpoint_every=checkpoint_every))
+    view = _View()
     t = T0
     while t < end:
         t = round(t + POLL, 9)
         step = committed(t)
         waited = t - (commits[step] + FAST)  # w0 waits in step+1 from then on
         if waited >= P.BEAT_INTERVAL_S:
-            w0_raw = f"{step + 1} {int(waited / P.BEAT_INTERVAL_S)}".encode()
-        if step != seen:
-            seen, advanced = step, t
-            times.observe(step, t)
-        stalled = stalled_for(t, advanced, recovering=False)
-        if stalled is None or step == 0:
-            continue  # armed at the first commit
-        deadline = times.deadline(floor_s=FLOOR, factor=FACTOR, startup_s=STARTUP,
-                                  checkpoint=times.checkpoint_next(step))
-        phase = hang_phase(stalled, deadline)
-        if phase == HangPhase.EARLY:
-            continue
-        beats = observe_beats(beats, {"w0": w0_raw, "w1": None}, t)
-        if phase == HangPhase.OBSERVE:
-            continue
-        silent = silent_members(beats, ["w0", "w1"], t, hang_quiet_s(deadline))
-        hung = hang_verdict(silent, 2)
-        if hung:
-            assert advanced is not None
-            return Fenced(at=t, slots=hung, step=step, after_s=t - advanced,
-                          deadline_s=deadline)
-        if not hang_undecided(stalled, deadline):
-            advanced = t  # warned: look again after another deadline
+            view.w0 = f"{step + 1} {int(waited / P.BEAT_INTERVAL_S)}".encode()
+        if step > 0:  # rank 0 publishes progress from its first commit on
+            watch.step(Committed(gen=0, step=step, current_gen=0, recovering=False), t)
+        since = watch.advanced_at
+        for act in watch.step(Tick(view=view, members=("w0", "w1"), recovering=False,
+                                   last_step=step, step_seconds=0.1), t):
+            if isinstance(act, FenceHung):
+                if since is None:
+                    raise AssertionError("fenced while not armed")
+                return Fenced(at=t, slots=act.slots, step=step, after_s=t - since,
+                              deadline_s=watch.hang_deadline(step))
     return None
 
 
