@@ -690,12 +690,11 @@ class Transparent:
         assert job is not None and job._m is not None
         m = job._m
         self._checkpoint_if_due()
-        backup = self._gradients_in_buffers()
+        restore = self._gradients_in_buffers()
         if job._move_seen:  # a move (drain, warning) agreed at the last commit
             job._move_seen = False
             job._join(job.gen + 1)  # a drained rank sends its state and leaves here
-            for flat, saved in zip(job._reducer.flat, backup, strict=True):
-                flat.copy_(saved)
+            restore()
             self._begin()
         self._publish_rng(job.step + 1)
         committed = job.step
@@ -726,8 +725,7 @@ class Transparent:
                         flat.zero_()
                     self._absorbing = True
                     return
-                for flat, saved in zip(job._reducer.flat, backup, strict=True):
-                    flat.copy_(saved)  # this rank's own gradient, into the new group
+                restore()  # this rank's own gradient, into the new group
         self._reduced = True
 
     def on_step(self, opt: torch.optim.Optimizer, closure: Callable[[], Any] | None,
@@ -806,28 +804,64 @@ class Transparent:
         if job._ckpt is not None and job.rank == 0 and job._ckpt.due(job.step):
             job._ckpt.submit(job.state_dict(), job.step, attempt=job.gen)
 
-    def _gradients_in_buffers(self) -> list[torch.Tensor]:
+    def _gradients_in_buffers(self) -> Callable[[], None]:
         """Make every gradient a view into the reducer's flat buffers (copying what the
-        script's backward left), and return a copy of them: the local, unreduced gradient,
-        which an allreduce cut short by a failure may have overwritten and which the
-        retry in the new group needs."""
+        script's backward left), and return a function that puts the local, unreduced
+        gradient back into them: an allreduce cut short by a failure may have overwritten
+        them, and the retry in the new group needs it.
+
+        A script's ``zero_grad()`` sets the gradients to None, so backward leaves new
+        tensors each step; once copied and replaced by the views nothing else holds them,
+        so they are kept as that local gradient instead of cloning the buffers (a copy of
+        every gradient a step: docs/benchmarks-runtime.md §8). Gradients that already were
+        the views (``zero_grad(set_to_none=False)``) are cloned, as before."""
         assert self.job is not None
         red = self.job._reducer
-        grads = {id(p): p.grad for p in self.job.model.parameters()}
+        first: dict[int, torch.Tensor | None] | None = None
         if not red.built:
+            # build() points every gradient at its (zeroed) view: what backward left is
+            # read before.
+            first = {id(p): p.grad for p in self.job.model.parameters()}
             red.build()
-        for flat, ps in zip(red.flat, red.flat_params, strict=True):
+        # (buffer, offset, size, local gradient): restored by position, into the buffers
+        # current then -- a join renews them (GradientReducer.renew), and the abandoned
+        # ones must never be written again.
+        kept: list[tuple[int, int, int, torch.Tensor | None]] = []
+        in_place = False
+        for i, (flat, ps) in enumerate(zip(red.flat, red.flat_params, strict=True)):
             off = 0
             for p in ps:
-                g = grads[id(p)]
-                view = flat[off:off + p.numel()]
+                n = p.numel()
+                view = flat[off:off + n]
+                g = p.grad if first is None else first[id(p)]
                 if g is None:
                     view.zero_()
+                    kept.append((i, off, n, None))
                 elif g.data_ptr() != view.data_ptr():
                     view.copy_(g.reshape(-1))
+                    kept.append((i, off, n, g))
+                else:
+                    in_place = True
                 p.grad = view.view_as(p)
-                off += p.numel()
-        return [f.clone() for f in red.flat]
+                off += n
+        if in_place:
+            saved = [f.clone() for f in red.flat]
+
+            def restore_flat() -> None:
+                for flat, copy in zip(red.flat, saved, strict=True):
+                    flat.copy_(copy)
+
+            return restore_flat
+
+        def restore_kept() -> None:
+            for i, off, n, g in kept:
+                dst = red.flat[i][off:off + n]
+                if g is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(g.reshape(-1))
+
+        return restore_kept
 
     def _first_step_without_loader(self) -> None:
         """The first optimizer step of a process that has not joined at a training

@@ -238,8 +238,11 @@ def test_two_optimizers_step_as_one_boundary_live_and_bit_identically(
     momentum and its own step schedule for the output layer), both stepped each
     iteration: the boundary is the last of them. Kills in the reduction and right after
     the first optimizer's update (before the second's): live, both optimizers' and both
-    schedules' states move, and the final state is torchrun's bit for bit."""
-    extra = ("--two-optimizers",)
+    schedules' states move, and the final state is torchrun's bit for bit. The script
+    zeroes its gradients in place (``zero_grad(set_to_none=False)``), so the survivor's
+    retry after the kill in the reduction takes its local gradient from a copy of the
+    buffers, not from the tensors backward left (the other tests' path)."""
+    extra = ("--two-optimizers", "--keep-grads")
     reference = _torchrun(SCRIPT, tmp_path / "two-ref.pt", extra=extra)
     result, recs, out = _run(tmp_path, "two", ["kill:rank=1:step=5",
                                                "kill:rank=0:step=19:phase=optimizer"],

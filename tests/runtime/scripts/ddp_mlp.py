@@ -22,6 +22,8 @@ def main() -> None:
                     help="feed batches from a generator instead of a DataLoader")
     ap.add_argument("--two-optimizers", action="store_true")
     ap.add_argument("--grad-scaler", action="store_true")
+    ap.add_argument("--keep-grads", action="store_true",
+                    help="zero_grad(set_to_none=False): the gradients are zeroed in place")
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="seconds to sleep after each step (no effect on the numbers)")
     args = ap.parse_args()
@@ -63,7 +65,7 @@ def main() -> None:
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
         for o in opts:
-            o.zero_grad()
+            o.zero_grad(set_to_none=not args.keep_grads)
         with torch.autocast("cpu", dtype=torch.float16, enabled=args.grad_scaler):
             loss = F.mse_loss(model(xb).float(), yb)
         scaler.scale(loss).backward()
