@@ -256,6 +256,35 @@ def test_two_optimizers_step_as_one_boundary_live_and_bit_identically(
     assert [sd["last_epoch"] for sd in state["scheduler"]] == [STEPS, STEPS]
 
 
+def test_two_optimizers_roll_back_together_with_the_true_lost_steps(tmp_path: Path) -> None:
+    """Both ranks of the two-optimizer script SIGKILLed in the same forward pass: no
+    replica holds the state, so both optimizers (AdamW and SGD with momentum), both
+    schedules and the data position come back together from the runtime's newest
+    checkpoint; the lost steps are redone and the job ends at its full length with every
+    state at that length (a rollback is not bit-identical with dropout: the RNG states are
+    not checkpointed, docs/runtime.md)."""
+    result, recs, out = _run(tmp_path, "two-rollback",
+                             ["kill:rank=0:step=20:phase=forward",
+                              "kill:rank=1:step=20:phase=forward"],
+                             extra=("--two-optimizers",))
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert fail["step"] in (19, 20)
+    lost = got[0][3]
+    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
+    assert result.final_step == STEPS
+    state = torch.load(out)
+    assert [sd["last_epoch"] for sd in state["scheduler"]] == [STEPS, STEPS]
+    adamw, sgd = state["optimizer"]
+    assert [int(s["step"]) for s in adamw["state"].values()] == [STEPS, STEPS]
+    assert len(sgd["state"]) == 2
+    assert all("momentum_buffer" in s for s in sgd["state"].values())
+    # StepLR halves the head's rate every 10 steps: the schedule came back with the rest.
+    assert sgd["param_groups"][0]["lr"] == pytest.approx(0.05 * 0.5 ** (STEPS // 10))
+
+
 def test_a_grad_scaler_moves_its_scale_live_and_bit_identically(tmp_path: Path) -> None:
     """fp16 autocast with a ``torch.amp.GradScaler`` whose scale grows until the
     gradients overflow (steps whose update the scaler skips, on every rank alike): kills in
