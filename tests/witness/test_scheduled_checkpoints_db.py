@@ -199,8 +199,10 @@ def test_yoco_serve_signs_new_entries_in_the_background(
         try:
             _, stderr = serve.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            # Seen once in a clean-clone run under load (its stderr cut short): keep
-            # what it was doing for the next time.
+            # Seen twice in loaded clean-clone runs: the SIGTERM came while serve was
+            # still starting and its SystemExit was dropped inside a weakref callback
+            # (fixed: yoco.cli_web._sigterm_handler notes the stop; tests/
+            # test_serve_stop.py). Kept: the stacks say it if anything else holds it.
             serve.send_signal(signal.SIGABRT)
             _, stderr = serve.communicate(timeout=60)
             pytest.fail(f"yoco serve did not end within 60 s of SIGTERM; its threads "
