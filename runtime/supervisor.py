@@ -1194,21 +1194,13 @@ class Supervisor:
                 self.watch.step(FaultReported(slot=slot, error=report.error),
                                 time.monotonic())
 
-    def hang_deadline(self) -> float:
-        """Seconds without a committed step after which the job counts as hung:
-        ``max(hang_floor_s, hang_factor x the longest recent step)`` as this supervisor
-        saw them commit (runtime.detection.adaptive_deadline), ``max(hang_floor_s,
-        hang_startup_s)`` until enough steps were seen after the warm-up; for a checkpoint
-        step, ``max(hang_startup_s, hang_factor x the longest recent checkpoint step)``."""
-        return self.watch.hang_deadline(self.last_step)
-
     def stalled_s(self) -> float:
         """Seconds since the job last committed a step (0.0 while the step watchdog is
         not armed: before the first step, or until a planned change's first step)."""
         return self.watch.stalled_s(time.monotonic())
 
     def step_deadline(self) -> float:
-        """The hang deadline of an ordinary step (:meth:`hang_deadline` without the
+        """The hang deadline of an ordinary step (:meth:`StallWatch.hang_deadline` without the
         checkpoint steps' allowance: a host's heartbeats do not pause while it writes a
         checkpoint), which :func:`runtime.detection.node_deadline` keeps a silent host's
         deadline above."""

@@ -95,6 +95,26 @@ def _failures(recs: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
              outcomes[r["event_id"]]["lost_steps"]) for r in recs if r["kind"] == "failure"]
 
 
+def _every_rank_killed_at_step_20(tmp: Path, name: str,
+                                  extra: tuple[str, ...] = ()) -> tuple[Any, Path]:
+    """Both ranks SIGKILLed in the forward pass of step 20; assert the one failure was
+    rolled back with its true lost steps and the job reached its full length."""
+    result, recs, out = _run(tmp, name, ["kill:rank=0:step=20:phase=forward",
+                                         "kill:rank=1:step=20:phase=forward"], extra=extra)
+    assert result.exit_code == 0, result
+    got = _failures(recs)
+    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
+    # Back to a checkpoint (every 5 steps, written in the background) before the step
+    # committed when they died: 20, or 19 as far as the supervisor had heard of when it
+    # recorded or planned it (it polls rank 0's progress).
+    fail = next(r for r in recs if r["kind"] == "failure")
+    assert fail["step"] in (19, 20)
+    lost = got[0][3]
+    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
+    assert result.final_step == STEPS
+    return result, out
+
+
 def test_kills_in_each_phase_are_live_and_bit_identical_to_torchrun(
         torchrun_reference: Path, tmp_path: Path) -> None:
     """SIGKILL of a rank in the reduction, the forward pass (an epoch later: the
@@ -169,19 +189,7 @@ def test_every_rank_lost_rolls_back_with_the_data_rewound(tmp_path: Path) -> Non
     collective first, so both die): no replica holds the state, the fresh processes load
     the runtime's newest checkpoint and are placed at its data position (nobody's script
     is past it): the lost steps are redone and the job ends at its full length."""
-    result, recs, out = _run(tmp_path, "killall", ["kill:rank=0:step=20:phase=forward",
-                                                   "kill:rank=1:step=20:phase=forward"])
-    assert result.exit_code == 0, result
-    got = _failures(recs)
-    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
-    # Back to a checkpoint (every 5 steps, written in the background) before the step
-    # committed when they died: 20, or 19 as far as the supervisor had heard of when it
-    # recorded or planned it (it polls rank 0's progress).
-    fail = next(r for r in recs if r["kind"] == "failure")
-    assert fail["step"] in (19, 20)
-    lost = got[0][3]
-    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
-    assert result.final_step == STEPS
+    _, out = _every_rank_killed_at_step_20(tmp_path, "killall")
     state, _ = _state(out)
     assert state["scheduler"]["last_epoch"] == STEPS
 
@@ -263,18 +271,8 @@ def test_two_optimizers_roll_back_together_with_the_true_lost_steps(tmp_path: Pa
     checkpoint; the lost steps are redone and the job ends at its full length with every
     state at that length (a rollback is not bit-identical with dropout: the RNG states are
     not checkpointed, docs/runtime.md)."""
-    result, recs, out = _run(tmp_path, "two-rollback",
-                             ["kill:rank=0:step=20:phase=forward",
-                              "kill:rank=1:step=20:phase=forward"],
-                             extra=("--two-optimizers",))
-    assert result.exit_code == 0, result
-    got = _failures(recs)
-    assert len(got) == 1 and got[0][:3] == ("unplanned", "process_killed", "rolled_back"), got
-    fail = next(r for r in recs if r["kind"] == "failure")
-    assert fail["step"] in (19, 20)
-    lost = got[0][3]
-    assert any((k - lost) % 5 == 0 and 0 <= k - lost < 20 for k in (19, 20)), lost
-    assert result.final_step == STEPS
+    _, out = _every_rank_killed_at_step_20(tmp_path, "two-rollback",
+                                           extra=("--two-optimizers",))
     state = torch.load(out)
     assert [sd["last_epoch"] for sd in state["scheduler"]] == [STEPS, STEPS]
     adamw, sgd = state["optimizer"]
