@@ -82,3 +82,8 @@ class TransparentError(YocoRuntimeError):
     """Transparent mode met a script it cannot run faithfully (a use of
     ``torch.distributed`` it does not replace, or a replacement that could not be placed
     where the job is): it stops rather than train on a wrong state."""
+
+
+class OutcomeTwiceError(YocoRuntimeError):
+    """A failure was about to get a second outcome (each gets exactly one): a bug in the
+    coordinator's sequencing, stopped before it reaches the records."""

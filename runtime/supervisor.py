@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,19 +48,25 @@ from runtime.coordinator import (
     MoveWait,
     NeedCheckpoint,
     NewProcess,
-    RecordDue,
     RecoveryView,
     SpareView,
     StartSpares,
     death_detected_at,
-    death_record_due,
-    describe_death,
-    joined_note,
-    joins_incident,
     plan_move,
     plan_recovery,
-    steps_reached,
     too_many_recoveries,
+)
+from runtime.deaths import Action as DeathAction
+from runtime.deaths import (
+    Deaths,
+    DeathsConfig,
+    Died,
+    Journal,
+    Poll,
+    Recover,
+    Resolve,
+    WriteFailure,
+    WriteOutcomes,
 )
 from runtime.detection import NODE_FLOOR_S
 from runtime.errors import ConfigError, RecordError
@@ -346,6 +353,36 @@ class _SupervisorView:
         return self._sup.store.check([P.finished_key(slot)])
 
 
+class _DeathView:
+    """What the deaths' machine (runtime.deaths) looks at, read from this supervisor's
+    processes and store when it asks."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self._sup = sup
+
+    def exit_statuses(self, slots: Sequence[str], wait_until: float | None
+                      ) -> list[tuple[str, int | None]]:
+        rcs: list[tuple[str, int | None]] = []
+        for slot in slots:
+            p = self._sup.pool.procs[slot]
+            rc = p.poll()
+            if rc is None and wait_until is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rc = p.wait(timeout=max(wait_until - time.monotonic(), 0.01))
+            rcs.append((slot, rc))
+        return rcs
+
+    def steps_committed_in(self, gen: int) -> int:
+        return self._sup._steps_committed_in(gen)
+
+    def fences(self, slots: Sequence[str]) -> list[FenceNote]:
+        # Several fenced groups merged into one incident (two hosts lost within the
+        # merge window): the detail names each.
+        fenced = self._sup.fenced
+        return [FenceNote(cause=f.cause, detail=f.detail)
+                for s in slots if (f := fenced.get(s)) is not None]
+
+
 class Supervisor:
     """Runs one job to completion (see :meth:`run`)."""
 
@@ -379,8 +416,12 @@ class Supervisor:
         self.gone: set[str] = set()  # died after the job's last step was committed
         # Failures and their recovery.
         self.state = JobState.RUNNING
-        self.recovery = Recovery()
-        self.unemitted: list[Incident] = []  # deaths recovered from, record not yet written
+        # The open incidents, the recovery under way and the deaths whose records are
+        # not written yet: a state machine (runtime.deaths), its looks served by
+        # self.death_view, its actions carried out by _carry_out_deaths.
+        self.deaths = Deaths(DeathsConfig(window_s=MERGE_WINDOW_S,
+                                          status_wait_s=EXIT_STATUS_WAIT_S))
+        self.death_view = _DeathView(self)
         self.recoveries: list[dict[str, Any]] = []
         self.fenced: dict[str, Fence] = {}
         self.fault_seen = 0
@@ -449,6 +490,16 @@ class Supervisor:
             spec={"script": config.script, "args": config.args, "python": config.python,
                   "job": self.job_id},
             pool=config.pool, priority=config.priority) if config.pool else None
+
+    @property
+    def recovery(self) -> Recovery:
+        """The membership change under way and its open incidents (the deaths' machine
+        keeps it; a move, a loan and a resume start theirs by setting it)."""
+        return self.deaths.recovery
+
+    @recovery.setter
+    def recovery(self, rec: Recovery) -> None:
+        self.deaths.recovery = rec
 
     def _coordinator_beat(self) -> None:
         """Advance :data:`runtime.protocol.KEY_COORD_BEAT` every COORD_BEAT_INTERVAL_S
@@ -869,52 +920,47 @@ class Supervisor:
             self.moving.discard(slot)
         slots = [s for s, _ in dead]
         self.watch.forget_fault()
-        pending = self.recovery.incidents
-        last = pending[-1] if pending else None
-        # (The window is read at each call: tests shorten or lengthen it.)
-        if last is not None and joins_incident(last.failure_class, last.detected, detected,
-                                               window_s=MERGE_WINDOW_S):
-            pending.pop()
-            last.slots += slots
-            self._journal_deaths()  # the draft names them too, before the plan changes
-            self._recover(last, [s for s in slots if s in self.members])
-            return
-        inc = Incident(event_id=R.new_event_id(), failure_class=FailureClass.UNPLANNED,
-                       cause="", slots=slots, detected=detected, step=self.last_step,
-                       emitted=False, gen=self.gen, occurred_at=wall_date(detected))
-        first = next((i for i in pending if i.emitted), None)
-        if first is not None:
-            inc.joined = joined_note(first.event_id, first.cause)
-        self.unemitted.append(inc)
-        # Durable before anything is decided about it: the record itself waits for the
-        # merge window, its draft does not (a supervisor dying now loses nothing).
-        self._journal_deaths()
-        self.killed_at = self._read_killed_at()
-        self._recover(inc, [s for s in slots if s in self.members])
+        self._carry_out_deaths(self.deaths.step(Died(
+            slots=tuple(slots), members=tuple(s for s in slots if s in self.members),
+            detected=detected, occurred_at=wall_date(detected), step=self.last_step,
+            gen=self.gen, view=self.death_view), time.monotonic()))
 
-    def _exit_statuses(self, inc: Incident, *, wait: bool) -> list[tuple[str, int | None]]:
-        """Each dead slot of ``inc`` with its exit status (None: not known yet); ``wait``:
-        wait for it up to EXIT_STATUS_WAIT_S after the death was seen."""
-        rcs: list[tuple[str, int | None]] = []
-        for slot in inc.slots:
-            p = self.pool.procs[slot]
-            rc = p.poll()
-            if rc is None and wait:
-                waited = time.monotonic() - inc.seen
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    rc = p.wait(timeout=max(EXIT_STATUS_WAIT_S - waited, 0.01))
-            rcs.append((slot, rc))
-        return rcs
+    def _carry_out_deaths(self, actions: list[DeathAction], *,
+                          step_s: float | None = None) -> None:
+        """Do what the deaths' machine (runtime.deaths) asked, in its order (``step_s``:
+        the step time outcomes carry, else the one measured)."""
+        for act in actions:
+            if isinstance(act, Journal):
+                self.outbox.write_drafts([
+                    self._build_failure(FailureClass.UNPLANNED, d.cause, d.incident.slots,
+                                        d.incident.step, d.detail, d.incident.detected,
+                                        d.incident.event_id, d.incident.occurred_at)
+                    for d in act.drafts])
+            elif isinstance(act, Recover):
+                if act.new:
+                    self.killed_at = self._read_killed_at()
+                self._recover(act.incident, list(act.dead))
+            elif isinstance(act, WriteFailure):
+                inc = act.incident
+                self.last_step = max(self.last_step, inc.step)
+                self._failure_record(FailureClass.UNPLANNED, act.cause, inc.slots, inc.step,
+                                     act.detail, inc.detected, inc.event_id,
+                                     inc.occurred_at)
+            else:
+                self._write_outcomes(act, step_s or self.step_seconds)
 
-    def _describe_death(self, inc: Incident, rcs: list[tuple[str, int | None]]
-                        ) -> tuple[str, str]:
-        """The cause and detail of a death's failure record (an exit status not known
-        yet reads as a kill: what the draft says until the record is written)."""
-        # Several fenced groups merged into one incident (two hosts lost within the
-        # merge window): the detail names each.
-        fences = [FenceNote(cause=f.cause, detail=f.detail)
-                  for s in inc.slots if (f := self.fenced.get(s)) is not None]
-        return describe_death(rcs, fences, inc.note + inc.joined)
+    def _write_outcomes(self, act: WriteOutcomes, step_s: float) -> None:
+        """One outcome record for each incident ``act`` closes (the machine gives each
+        one, once), dated and timed on this supervisor's monotonic clock."""
+        done = time.monotonic()
+        for inc in act.incidents:
+            self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
+                                 outcome=act.outcome.value, lost_steps=act.lost_steps,
+                                 recovery_seconds=max(done - inc.detected, 0.0),
+                                 step_seconds=max(step_s, 1e-6),
+                                 gpus_affected=(self.cfg.workers
+                                                if act.outcome == Outcome.FAILED
+                                                else len(self.members))))
 
     def _steps_committed_in(self, gen: int) -> int:
         """The last step generation ``gen`` reported (rank 0's progress), as far as the
@@ -929,50 +975,12 @@ class Supervisor:
             steps.append(int(self.store.get(P.committed_key(gen))))
         return max(steps)
 
-    def _journal_deaths(self) -> None:
-        """Make the drafts of the deaths whose records are not written yet durable (the
-        outbox's drafts.json), replacing the previous ones (none left: removed)."""
-        drafts = []
-        for inc in self.unemitted:
-            cause, detail = self._describe_death(inc, self._exit_statuses(inc, wait=False))
-            drafts.append(self._build_failure(FailureClass.UNPLANNED, cause, inc.slots,
-                                              inc.step, detail, inc.detected, inc.event_id,
-                                              inc.occurred_at))
-        self.outbox.write_drafts(drafts)
-
     def _emit_deaths(self, *, block: bool) -> None:
         """Write the failure records of deaths already acted on, once their merge window
         has closed and their exit status is known (``block``: now, waiting for the exit
         status, as an outcome must follow its failure)."""
-        written = False
-        for inc in list(self.unemitted):
-            due = death_record_due(now=time.monotonic(), detected=inc.detected,
-                                   seen=inc.seen, merging=inc in self.recovery.incidents,
-                                   block=block, window_s=MERGE_WINDOW_S,
-                                   status_wait_s=EXIT_STATUS_WAIT_S)
-            if due == RecordDue.HOLD:
-                continue  # a death seen within the window still joins it
-            rcs = self._exit_statuses(inc, wait=due == RecordDue.NOW)
-            if due == RecordDue.IF_KNOWN and any(rc is None for _, rc in rcs):
-                continue
-            # Steps the failed generation committed just before the death (rank 0
-            # commits, then a peer dies in the next step) were maybe not read yet.
-            reached = self._steps_committed_in(inc.gen)
-            if reached > inc.step:
-                rec = self.recovery
-                got = steps_reached(recorded_step=inc.step, reached=reached,
-                                    outcome=rec.outcome, rollback_step=rec.rollback_step,
-                                    lost_steps=rec.lost_steps, absorbed=rec.absorbed)
-                inc.step, rec.lost_steps = got.step, got.lost_steps
-                self.last_step = max(self.last_step, inc.step)
-            cause, detail = self._describe_death(inc, rcs)
-            self._failure_record(FailureClass.UNPLANNED, cause, inc.slots, inc.step,
-                                 detail, inc.detected, inc.event_id, inc.occurred_at)
-            inc.cause, inc.emitted = cause, True
-            self.unemitted.remove(inc)
-            written = True
-        if written:
-            self._journal_deaths()  # recorded: their drafts go
+        self._carry_out_deaths(self.deaths.step(Poll(block=block, view=self.death_view),
+                                                time.monotonic()))
 
     def _read_killed_at(self) -> float | None:
         if self.store.check([P.KEY_KILLED_AT]):
@@ -1159,15 +1167,11 @@ class Supervisor:
 
     def _fail(self, why: str) -> None:
         log.error("job %s failed: %s", self.job_id, why)
+        # The records first: the steps lost are every step reached, as they say.
         self._emit_deaths(block=True)
-        now = time.monotonic()
-        for inc in self.recovery.incidents:
-            self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
-                                 outcome=Outcome.FAILED.value, lost_steps=self.last_step,
-                                 recovery_seconds=max(now - inc.detected, 0.0),
-                                 step_seconds=max(self.step_seconds, 1e-6),
-                                 gpus_affected=self.cfg.workers))
-        self.recovery = Recovery()
+        self._carry_out_deaths(self.deaths.step(Resolve(
+            view=self.death_view, outcome=Outcome.FAILED, lost_steps=self.last_step),
+            time.monotonic()))
         self._close_loans()  # open loans get their outcome before the end
         self._emit(R.job_finished(contract_id=self.cfg.contract_id, job_id=self.job_id,
                                   step=self.last_step))
@@ -1251,9 +1255,6 @@ class Supervisor:
         if rec.gen is None or not self.store.check([P.ready_key(rec.gen)]):
             return
         timing = json.loads(self.store.get(P.ready_key(rec.gen)))
-        self._emit_deaths(block=True)
-        rec = self.recovery  # (unchanged: emitting deaths does not plan)
-        outcome = rec.outcome or Outcome.LIVE_MIGRATED
         # Rank 0's clock of the new generation (plan seen, group formed, state synced,
         # first step done): what the benchmarks split a recovery into.
         log.info("generation %d ready: %s", rec.gen, json.dumps(timing))
@@ -1261,19 +1262,15 @@ class Supervisor:
         # Measured by one party on one clock: this supervisor's monotonic clock, from the
         # detection to the moment it sees the new generation's first completed step (the
         # worker's wall clock, on another host, is never subtracted from this one's).
-        done = time.monotonic()
-        for inc in rec.incidents:
-            lost = rec.lost_steps if outcome == Outcome.ROLLED_BACK else 0
-            self._emit(R.outcome(contract_id=self.cfg.contract_id, failure_event_id=inc.event_id,
-                                 outcome=outcome.value, lost_steps=lost,
-                                 recovery_seconds=max(done - inc.detected, 0.0),
-                                 step_seconds=max(step_s, 1e-6),
-                                 gpus_affected=len(self.members)))
-            self.recoveries.append({
-                "outcome": outcome.value, "class": inc.failure_class.value, "cause": inc.cause,
-                "lost_steps": lost, "detected": wall_time(inc.detected),
-                "killed_at": self.killed_at, **timing})
-        self.recovery = Recovery()
+        acts = self.deaths.step(Resolve(view=self.death_view), time.monotonic())
+        self._carry_out_deaths(acts, step_s=step_s)
+        for act in acts:
+            if isinstance(act, WriteOutcomes):
+                self.recoveries += [{
+                    "outcome": act.outcome.value, "class": inc.failure_class.value,
+                    "cause": inc.cause, "lost_steps": act.lost_steps,
+                    "detected": wall_time(inc.detected), "killed_at": self.killed_at,
+                    **timing} for inc in act.incidents]
         self.holders = set(self.members)
         self.watch.step(GenerationReady(), time.monotonic())
 
@@ -1461,22 +1458,22 @@ class Supervisor:
         self._emit_deaths(block=True)
         if not self.recovery.active:
             return
-        now = time.monotonic()
         for inc in self.recovery.incidents:
             log.warning("failure %s (%s) was still recovering when the job's last step "
                         "(%d) was committed: closed with 0 steps lost", inc.event_id,
                         inc.cause, step)
-            self._emit(R.outcome(contract_id=self.cfg.contract_id,
-                                 failure_event_id=inc.event_id,
-                                 outcome=Outcome.LIVE_MIGRATED.value, lost_steps=0,
-                                 recovery_seconds=max(now - inc.detected, 0.0),
-                                 step_seconds=max(self.step_seconds, 1e-6),
-                                 gpus_affected=len(self.members)))
-            self.recoveries.append({
-                "outcome": Outcome.LIVE_MIGRATED.value, "class": inc.failure_class.value,
-                "cause": inc.cause, "lost_steps": 0, "detected": wall_time(inc.detected),
-                "killed_at": self.killed_at, "first_step": wall_time(now), "step": step})
-        self.recovery = Recovery()
+        acts = self.deaths.step(Resolve(view=self.death_view,
+                                        outcome=Outcome.LIVE_MIGRATED, lost_steps=0),
+                                time.monotonic())
+        self._carry_out_deaths(acts)
+        now = time.monotonic()
+        for act in acts:
+            if isinstance(act, WriteOutcomes):
+                self.recoveries += [{
+                    "outcome": act.outcome.value, "class": inc.failure_class.value,
+                    "cause": inc.cause, "lost_steps": 0, "detected": wall_time(inc.detected),
+                    "killed_at": self.killed_at, "first_step": wall_time(now), "step": step}
+                    for inc in act.incidents]
         # Members of the unfinished generation (a spare called in) must not be waited for.
         self.members = [m for m in self.members
                         if self.store.check([P.finished_key(m)]) or not self._alive(m)]
