@@ -44,15 +44,12 @@ from runtime.coordinator import (
     Borrow,
     FailJob,
     FenceNote,
-    MoveDrop,
-    MoveWait,
     NeedCheckpoint,
     NewProcess,
     RecoveryView,
     SpareView,
     StartSpares,
     death_detected_at,
-    plan_move,
     plan_recovery,
     too_many_recoveries,
 )
@@ -80,6 +77,8 @@ from runtime.loans import (
     StartReplacements,
     borrowed_note,
 )
+from runtime.moves import Asked, Dropped, MoveQueue, NoSpare, StartMove
+from runtime.moves import Poll as MovePoll
 from runtime.nodepool import NodePool
 from runtime.outbox import Deliverer, DeliveryConfig, Outbox, rescue_held_records
 from runtime.processes import WorkerPool, process_exiting
@@ -426,8 +425,9 @@ class Supervisor:
         self.fenced: dict[str, Fence] = {}
         self.fault_seen = 0
         self.killed_at: float | None = None  # when an injected kill fired (benchmarks)
-        self.moves: list[Move] = []
-        self._move_warned: set[str] = set()
+        # Moves waiting for a spare: a state machine (runtime.moves) fed the telemetry's
+        # and the operator's requests, its actions carried out by _handle_moves.
+        self.move_queue = MoveQueue()
         # Progress as rank 0 reports it.
         self.last_step = 0
         self.step_seconds = 0.0
@@ -603,7 +603,7 @@ class Supervisor:
             [{"gen": 0, "width": self.cfg.workers, "from_step": 0}],
             "moves_pending": [{"worker": mv.slot, "class": mv.failure_class.value,
                                "cause": mv.cause, "since": wall_time(mv.detected)}
-                              for mv in self.moves],
+                              for mv in self.move_queue.pending],
             # The latest checkpoint write that failed (None: the last one succeeded).
             "checkpoint_error": self.checkpoint_error,
             "pids": {s: self.pool.procs[s].pid for s in [*self.members, *self.spares]
@@ -1287,7 +1287,9 @@ class Supervisor:
         for sig in signals:
             mv = self._admit_signal(sig)
             if mv is not None:
-                self.moves.append(mv)
+                # A second warning about a worker already queued or leaving: nothing new.
+                self.move_queue.step(Asked(move=mv, moving=frozenset(self.moving)),
+                                     time.monotonic())
 
     def _admit_signal(self, sig: Signal) -> Move | None:
         """Check a telemetry signal at the door: the worker it names must be a member,
@@ -1304,8 +1306,8 @@ class Supervisor:
                         "(members: %s)", sig.cause, slot or "no worker",
                         ", ".join(self.members))
             return None
-        if any(mv.slot == slot for mv in self.moves) or slot in self.moving:
-            return None
+        if self.move_queue.queued(slot) or slot in self.moving:
+            return None  # (checked again by the queue; here it spares the record check)
         cause = normalise_cause(sig.cause)
         if cause != sig.cause:
             log.warning("telemetry signal cause %r normalised to %r", sig.cause, cause)
@@ -1331,8 +1333,8 @@ class Supervisor:
                 self.retired.add(slot)
                 self.pool.kill(slot)
                 continue
-            if slot not in self.members or slot in self.moving:
-                log.warning("drain request for unknown or moving worker %s ignored", slot)
+            if slot not in self.members:
+                log.warning("drain request for unknown worker %s ignored", slot)
                 continue
             # Dated when the operator asked (the request's own time, never in the future).
             try:
@@ -1340,32 +1342,38 @@ class Supervisor:
             except (TypeError, ValueError):
                 asked = time.time()
             asked = mono_time(asked)  # the request's own (wall) date, on this clock
-            self.moves.append(Move(slot=slot, failure_class=FailureClass.PLANNED,
-                                   cause="maintenance",
-                                   detail=str(req.get("reason") or "").strip()[:500] or "drain",
-                                   detected=asked))
+            mv = Move(slot=slot, failure_class=FailureClass.PLANNED, cause="maintenance",
+                      detail=str(req.get("reason") or "").strip()[:500] or "drain",
+                      detected=asked)
+            if self.move_queue.step(Asked(move=mv, moving=frozenset(self.moving)),
+                                    time.monotonic()):
+                log.warning("drain request for %s ignored: it is already moving or "
+                            "queued to move", slot)
 
     def _handle_moves(self) -> None:
-        if not self.moves or self.recovery.active:
-            return  # one membership change at a time; a move waits for the recovery
-        mv = self.moves[0]
-        decision = plan_move(slot=mv.slot, members=self.members, ready=self._ready_spares(),
-                             shard_of=self.shard_of, spares=len(self.spares),
-                             spares_coming=bool(self.cfg.spares and self.cfg.replenish_spares))
-        if isinstance(decision, MoveWait):
-            if decision.no_spare and mv.slot not in self._move_warned:
-                self._move_warned.add(mv.slot)
+        if not self.move_queue.pending or self.recovery.active:
+            return  # (the queue would wait too; this spares the look at the spares)
+        acts = self.move_queue.step(MovePoll(
+            members=tuple(self.members), ready=tuple(self._ready_spares()),
+            shard_of=dict(self.shard_of), spares=len(self.spares),
+            spares_coming=bool(self.cfg.spares and self.cfg.replenish_spares),
+            recovering=self.recovery.active), time.monotonic())
+        for act in acts:
+            mv = act.move
+            if isinstance(act, NoSpare):
                 log.warning("%s move off %s queued: the job has no spare (status.json "
                             "lists it under moves_pending)", mv.failure_class, mv.slot)
-            return
-        self.moves.pop(0)
-        if isinstance(decision, MoveDrop):
-            log.warning("%s move off %s dropped: no longer a member", mv.failure_class,
-                        mv.slot)
-            return
-        spare, members = decision.spare, list(decision.members)
+            elif isinstance(act, Dropped):
+                log.warning("%s move off %s dropped: no longer a member", mv.failure_class,
+                            mv.slot)
+            elif isinstance(act, StartMove):
+                self._start_move(act)
+
+    def _start_move(self, act: StartMove) -> None:
+        """Open the move's incident (recorded now) and publish its plan."""
+        mv, spare, members = act.move, act.spare, list(act.members)
         self.spares.remove(spare)
-        donors = list(decision.donors)
+        donors = list(act.donors)
         inc = self._open_incident(mv.failure_class, mv.cause, [mv.slot], self.last_step,
                                   mv.detail, mv.detected)
         self.recovery = Recovery(incidents=[inc], gen=self.gen + 1,
