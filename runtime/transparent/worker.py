@@ -33,6 +33,7 @@ what this discovers, what it cannot, and what then happens (rollback).
 
 from __future__ import annotations
 
+import array
 import atexit
 import base64
 import contextlib
@@ -219,14 +220,21 @@ def _set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+#: Values in the state of Python's ``random`` (``random.getstate()[1]``).
+_MT_STATE_LEN = 625
+
+
 def _encode_rng(boundary: int, states: dict[str, Any]) -> str:
     """JSON (no pickle: the store is not trusted to hand back code) of RNG states."""
     def b64(t: torch.Tensor) -> str:
         return base64.b64encode(t.numpy().tobytes()).decode()
 
     version, internal, gauss = states["random"]
+    # Python's Mersenne Twister state (625 values below 2**32) as packed bytes: a JSON
+    # list of its numbers took most of the encoding's time, and it is encoded each step.
+    packed = base64.b64encode(array.array("I", internal).tobytes()).decode()
     return json.dumps({"boundary": boundary, "torch": b64(states["torch"]),
-                       "random": [version, list(internal), gauss],
+                       "random": [version, packed, gauss],
                        "cuda": [b64(t) for t in states.get("cuda", [])]
                        if "cuda" in states else None})
 
@@ -239,10 +247,14 @@ def _decode_rng(raw: bytes) -> tuple[int, dict[str, Any]]:
 
     try:
         data = json.loads(raw)
-        version, internal, gauss = data["random"]
+        version, packed, gauss = data["random"]
+        internal = array.array("I")
+        internal.frombytes(base64.b64decode(packed, validate=True))
+        if len(internal) != _MT_STATE_LEN:
+            raise ValueError(f"a random state of {len(internal)} values, not {_MT_STATE_LEN}")
         states: dict[str, Any] = {
             "torch": tensor(data["torch"]),
-            "random": (int(version), tuple(int(x) for x in internal),
+            "random": (int(version), tuple(internal),
                        None if gauss is None else float(gauss))}
         if data["cuda"] is not None:
             states["cuda"] = [tensor(t) for t in data["cuda"]]
