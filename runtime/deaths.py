@@ -212,8 +212,12 @@ class Deaths:
     def _died(self, ev: Died, now: float) -> list[Action]:
         pending = self.recovery.incidents
         last = pending[-1] if pending else None
-        if last is not None and joins_incident(last.failure_class, last.detected,
-                                               ev.detected, window_s=self.config.window_s):
+        # Only into an incident whose record is not written yet: a death seen after it
+        # was (a host found frozen seconds later, its stall dated back into the window)
+        # would be folded into a record that never names it -- a failure unrecorded.
+        if last is not None and not last.emitted and joins_incident(
+                last.failure_class, last.detected, ev.detected,
+                window_s=self.config.window_s):
             # The same incident seen one process later (a node, a replica group, the whole
             # job): one failure, one outcome; its draft names them too before the plan
             # changes, and the recovery is planned again from all of them.

@@ -21,7 +21,13 @@ Actions (``rank`` is the data-parallel rank, ``step`` the 0-based step index):
   watchdog must not take for a hang;
 * ``linger:rank=K:step=T[:seconds=S]`` — worker K, its loop ended at step T (the job's
   last), waits S seconds (default 3) before marking itself finished: a slow teardown on
-  a loaded host, so that its peers finish first (the end-of-job barrier's test).
+  a loaded host, so that its peers finish first (the end-of-job barrier's test);
+* ``lag:rank=K:step=0[:seconds=S]`` — the spare called in to take rank K, in the new
+  generation's group, waits S seconds (default 3) before it receives the state, its
+  donors waiting for it in the transfer; it first prints a line starting
+  ``[yoco-fault] lag:`` to its log (a test freezes or cuts off its host then: a receiver
+  lost in the middle of a recovery). ``step`` must be 0: a spare has no step before it
+  has received one.
 
 Each fault fires once per job, even though a replacement re-executes the same step.
 """
@@ -43,7 +49,7 @@ from runtime.errors import FaultSpecError
 if TYPE_CHECKING:  # parsing fault specs (yoco run) does not import torch
     import torch
 
-ACTIONS = ("kill", "raise", "warn", "drain", "killall", "linger", "slow")
+ACTIONS = ("kill", "raise", "warn", "drain", "killall", "linger", "slow", "lag")
 #: Where in a step a ``kill`` fires (see the module docstring).
 PHASES = ("forward", "backward", "reduce", "optimizer", "checkpoint")
 SIGNAL_CAUSES = ("ecc_rising", "ecc_uncorrectable", "row_remap_pending", "thermal", "xid")
@@ -81,6 +87,9 @@ class FaultSpec:
             raise FaultSpecError("phase and micro apply to kill only")
         if self.micro < 0:
             raise FaultSpecError("micro must be >= 0")
+        if self.action == "lag" and self.step != 0:
+            raise FaultSpecError("lag takes step=0: a spare has no step before it has "
+                                 "received one")
         if self.micro and self.phase not in ("forward", "backward"):
             raise FaultSpecError("micro applies to the forward and backward phases only")
 
@@ -228,6 +237,15 @@ class FaultInjector:
         for fault in self.faults:
             if fault.action == "linger" and fault.step == step and fault.rank == rank \
                     and self._fire(fault):
+                time.sleep(fault.seconds)
+
+    def before_receive(self, *, rank: int) -> None:
+        """Called by a spare called in to take ``rank``, in the new group, before it
+        receives the state: a ``lag`` for that rank fires here (once per job)."""
+        for fault in self.faults:
+            if fault.action == "lag" and fault.rank == rank and self._fire(fault):
+                print(f"[yoco-fault] lag: {self._slot} waits {fault.seconds:g} s before "
+                      f"receiving rank {rank}'s state", flush=True)
                 time.sleep(fault.seconds)
 
     def _killall_armed(self, fault: FaultSpec, gen: int) -> bool:

@@ -725,6 +725,9 @@ class Job:
                 self._m.collective_failed(P.Phase.ROLLBACK, exc)
             return 0
         has_state = self._was_member or self.slot in plan.donors
+        if not has_state and plan.mode != P.PlanMode.START and self._faults is not None \
+                and self.slot in plan.members:  # a spare called in (not the job's start)
+            self._faults.before_receive(rank=plan.members.index(self.slot))
         return self._transfer.sync(plan, has_state=has_state, step=self.step)
 
     def _leave(self) -> None:

@@ -99,7 +99,9 @@ def run(
         help="Fault to inject: kill:rank=K:step=T[:phase=P][:micro=M] (P: forward, "
              "backward, reduce (default), optimizer, checkpoint; M: the micro-batch), "
              "raise:rank=K:step=T, warn:rank=K:step=T[:signal=CAUSE], drain:rank=K:step=T, "
-             "killall:step=T, linger:rank=K:step=T[:seconds=S]."),
+             "killall:step=T, linger:rank=K:step=T[:seconds=S], "
+             "slow:rank=K:step=T[:seconds=S], lag:rank=K:step=0[:seconds=S] (the spare "
+             "taking rank K waits before it receives the state)."),
     signal_file: Path | None = typer.Option(
         None, "--signal-file", help="JSONL file of injected telemetry signals/readings."),
     signal_command: str | None = typer.Option(

@@ -213,3 +213,23 @@ def test_every_incident_gets_exactly_one_outcome() -> None:
     with pytest.raises(OutcomeTwiceError, match=rec.incident.event_id):
         book.step(Resolve(view=view), 103.0)
     assert not book.recovery.active
+
+
+def test_a_death_dated_into_the_window_of_a_recorded_failure_is_recorded_itself() -> None:
+    # w1 is killed; its record is written when the new generation is ready (inside the
+    # window); 3 s later the spare called in is found on a frozen host, its stall dated
+    # back to 0.1 s after the kill. Folding it into the written record would leave it
+    # unrecorded: it is a failure of its own, naming the first.
+    book, view = _book(), View()
+    view.rcs["w1"] = -9
+    [_, first] = _died(book, view, 100.0, "w1")
+    assert isinstance(first, Recover)
+    [write, _] = book.step(Poll(block=True, view=view), 100.3)
+    assert isinstance(write, WriteFailure) and first.incident.emitted
+    view.fenced["w2"] = FenceNote(cause="hang", detail="node host2 silent for 3.02 s")
+    journal, second = _died(book, view, 103.1, "w2", detected=100.1)
+    assert isinstance(second, Recover) and second.new
+    assert second.incident is not first.incident and first.incident.slots == ["w1"]
+    assert isinstance(journal, Journal)
+    [draft] = journal.drafts
+    assert draft.cause == "hang" and first.incident.event_id in draft.detail

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from runtime import protocol as P
 from runtime.faults import parse_fault
 from runtime.processes import process_exiting
 from runtime.sink import JsonlFileSink
@@ -123,6 +124,74 @@ def test_a_frozen_spare_host_is_set_aside_and_nobody_is_blamed(
     recs = c.records()
     _exactly_once(recs)
     assert [r for r in recs if r["kind"] in ("failure", "outcome")] == []
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
+    _assert_identical(ref, out)
+
+
+@pytest.mark.parametrize("fault", ["freeze", "cut"])
+def test_a_spare_lost_while_it_receives_the_state_is_replaced_and_changes_nothing(
+        fault: str, netns: Callable[[int], Netns], tmp_path: Path,
+        failure_free: Reference) -> None:
+    # Two training hosts and two spare hosts, each its own machine. host1's worker is
+    # killed; the spare called in for it joins the new group and waits there before it
+    # receives the state (an injected lag: the survivor waits for it in the transfer) --
+    # and its host freezes (or is cut off) right then. The coordinator loses that host as
+    # hung, calls in the other spare host, and the survivor, stuck in the abandoned
+    # transfer, joins the new generation: two failures (the kill; the spare host, naming
+    # the first), each with one live outcome and 0 lost steps, the final state
+    # bit-identical to a failure-free run. Back, the lost spare host learns it was fenced
+    # and exits 5, having changed nothing.
+    ref = failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
+    net = netns(4)
+    out = tmp_path / "final.pt"
+    c = NetnsCluster(net, tmp_path, script=EXAMPLE,
+                     script_args=["--steps", str(STEPS), "--step-sleep", "0.15", "--out",
+                                  str(out)],
+                     nnodes="2:+2", nproc=1,
+                     extra=["--checkpoint-every", "5", "--progress-every", "0.2",
+                            "--node-timeout", "4", "--inject", "kill:rank=1:step=8",
+                            "--inject", "lag:rank=1:step=0:seconds=60"])
+    logs = c.run_dir / "logs"
+
+    def lagging() -> int | None:
+        for k in (2, 3):
+            for log in (logs / f"host{k}").glob("*.log"):
+                if "[yoco-fault] lag:" in log.read_text(errors="replace"):
+                    return k
+        return None
+
+    try:
+        c.start_all()
+        c.wait_until(lambda: lagging() is not None, "the spare called in to lag")
+        lost = lagging()
+        assert lost is not None
+        other = 5 - lost
+        if fault == "freeze":
+            net.freeze(lost)
+        else:
+            net.cut(lost)
+        c.wait_until(lambda: f"node host{lost} silent" in c.log(0), "the spare host lost")
+        if fault == "freeze":
+            net.thaw(lost)
+        else:
+            net.heal(lost)
+        assert c.wait(0) == 0, c.logs()
+        assert c.wait(1) == 0, c.logs()
+        assert c.wait(other) == 0, c.logs()
+        assert c.wait(lost, timeout=60) == P.EXIT_FENCED, c.logs()
+    finally:
+        c.close()
+    assert f"node host{lost} was fenced by the coordinator (hang: node host{lost} silent" \
+        in c.log(lost)
+    recs = c.records()
+    _exactly_once(recs)
+    fails = [r for r in recs if r["kind"] == "failure"]
+    outcomes = {r["failure_event_id"]: r for r in recs if r["kind"] == "outcome"}
+    assert [(f["node"], f["cause"]) for f in fails] == [
+        ("host1", "process_killed"), (f"host{lost}", "hang")], c.logs()
+    assert fails[0]["event_id"] in fails[1]["detail"]  # during the first's recovery
+    assert [(outcomes[f["event_id"]]["outcome"], outcomes[f["event_id"]]["lost_steps"])
+            for f in fails] == [("live_migrated", 0), ("live_migrated", 0)]
     assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS
     _assert_identical(ref, out)
 

@@ -28,15 +28,18 @@ def test_fault_specs_round_trip() -> None:
     faults = [parse_fault("kill:rank=1:step=5"), parse_fault("killall:step=9"),
               parse_fault("warn:rank=0:step=3:signal=thermal"),
               parse_fault("linger:rank=1:step=40:seconds=2.5"),
+              parse_fault("lag:rank=1:step=0:seconds=20"),
               parse_fault("slow:rank=1:step=6:seconds=1.5")]
     assert decode_faults(encode_faults(faults)) == faults
-    assert faults[-2].seconds == 2.5 and parse_fault("linger:rank=0:step=3").seconds == 3.0
+    assert (faults[-2].action, faults[-2].rank, faults[-2].seconds) == ("lag", 1, 20.0)
+    assert faults[-3].seconds == 2.5 and parse_fault("linger:rank=0:step=3").seconds == 3.0
     assert (faults[-1].action, faults[-1].seconds) == ("slow", 1.5)
     for bad in ("kill:step=1", "boom:rank=1:step=1", "kill:rank=1", "killall:rank=1:step=2",
                 "warn:rank=1:step=2:signal=nope", "kill:rank=x:step=1",
                 "linger:rank=1:step=3:seconds=-1", "linger:rank=1:step=3:seconds=nan",
                 "linger:rank=1:step=3:seconds=x", "linger:step=3", "slow:step=3",
-                "slow:rank=0:step=3:seconds=-2", "slow:rank=0:step=3:phase=forward"):
+                "slow:rank=0:step=3:seconds=-2", "slow:rank=0:step=3:phase=forward",
+                "lag:rank=1:step=4", "lag:step=0"):
         with pytest.raises(FaultSpecError):
             parse_fault(bad)
 
