@@ -50,8 +50,10 @@ from runtime.processes import stopped_deadline
 from runtime.protocol import BEAT_INTERVAL_S
 
 __all__ = [
+    "Action",
     "Committed",
     "Disarm",
+    "Event",
     "FaultReported",
     "FenceHung",
     "FenceReporter",
