@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from runtime import protocol as P
-from runtime.detection import NODE_FLOOR_S
 from runtime.membership import Membership
 from runtime.reduction import GradientReducer
 from runtime.state import split_state
@@ -173,6 +172,13 @@ def _assert_identical(a: Path, b: Path) -> None:
 
 
 NODE_TIMEOUT = 4.0
+# The hosts of these tests share two cores with the rest of the suite: a host whose
+# processes are all starved for half a second while the job stalls for it looks exactly
+# like a frozen one (seen once in a loaded CI run: the spare called in was fenced 0.53 s
+# into such a stall and the job failed for want of another spare). A floor of 1 s keeps
+# the tests about fencing, not about the machine's load; the product's 0.5 s default is
+# what bench/nodes_bench.py measures.
+NODE_FLOOR = 1.0
 
 
 def _cluster(net: Netns, tmp: Path) -> NetnsCluster:
@@ -181,7 +187,8 @@ def _cluster(net: Netns, tmp: Path) -> NetnsCluster:
                                      "--out", str(tmp / "final.pt")],
                         nnodes="2:+1", nproc=1,
                         extra=["--checkpoint-every", "5", "--progress-every", "0.2",
-                               "--node-timeout", str(NODE_TIMEOUT)])
+                               "--node-timeout", str(NODE_TIMEOUT),
+                               "--node-floor", str(NODE_FLOOR)])
 
 
 def _failures(c: NetnsCluster) -> list[dict[str, Any]]:
@@ -223,7 +230,7 @@ def test_a_fenced_worker_host_that_comes_back_changes_nothing(
     detail = fails[0]["detail"]
     silent = float(detail.split("silent for ")[1].split(" s")[0])
     deadline = float(detail.split("lost after ")[1].split(" s")[0])
-    assert NODE_FLOOR_S <= deadline < NODE_TIMEOUT and silent >= deadline, detail
+    assert NODE_FLOOR <= deadline < NODE_TIMEOUT and silent >= deadline, detail
     assert [(o["failure_event_id"], o["outcome"], o["lost_steps"]) for o in outcomes] \
         == [(fails[0]["event_id"], "live_migrated", 0)]
     assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == STEPS

@@ -100,9 +100,13 @@ def test_a_kill_in_each_phase_is_live_migrated_bit_identically(
     _one_outcome_each(recs)
     # Each failure is its own kill, recorded at the step committed when it died: T, or
     # T + 1 where the survivor may have completed it (its allreduce had the dead rank's
-    # gradient: reduce, optimizer) or gone on (the writer of T's checkpoint is a thread).
+    # gradient: reduce, optimizer). The writer of T's checkpoint is a thread that runs
+    # behind the training loop by as many steps as the machine's load makes it (3 steps
+    # in a loaded CI run): a kill in it is recorded at the step committed by then, T or
+    # later, never earlier.
     steps = [r["step"] for r in recs if r["kind"] == "failure"]
-    assert all(s in (t, t + 1) for s, t in zip(steps, (1, 3, 5, 7, 10), strict=True)), steps
+    assert all(s in (t, t + 1) for s, t in zip(steps[:4], (1, 3, 5, 7), strict=True)), steps
+    assert 10 <= steps[4] <= STEPS, steps
     # Parameters and AdamW state (moments and step counts) of both replicas, torch.equal.
     _assert_identical(reference, out, steps=STEPS)
     _assert_identical(reference, Path(f"{out}.rank1"), steps=STEPS)

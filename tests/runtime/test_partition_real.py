@@ -140,7 +140,8 @@ def test_a_spare_lost_while_it_receives_the_state_is_replaced_and_changes_nothin
     # transfer, joins the new generation: two failures (the kill; the spare host, naming
     # the first), each with one live outcome and 0 lost steps, the final state
     # bit-identical to a failure-free run. Back, the lost spare host learns it was fenced
-    # and exits 5, having changed nothing.
+    # and exits 5, having changed nothing. (A node floor of 1 s, as in test_fencing: four
+    # hosts share two cores with the rest of the suite.)
     ref = failure_free(EXAMPLE, ["--steps", str(STEPS)], workers=2)
     net = netns(4)
     out = tmp_path / "final.pt"
@@ -149,7 +150,8 @@ def test_a_spare_lost_while_it_receives_the_state_is_replaced_and_changes_nothin
                                   str(out)],
                      nnodes="2:+2", nproc=1,
                      extra=["--checkpoint-every", "5", "--progress-every", "0.2",
-                            "--node-timeout", "4", "--inject", "kill:rank=1:step=8",
+                            "--node-timeout", "4", "--node-floor", "1",
+                            "--inject", "kill:rank=1:step=8",
                             "--inject", "lag:rank=1:step=0:seconds=60"])
     logs = c.run_dir / "logs"
 

@@ -233,13 +233,28 @@ def _routes(routes) -> list[tuple[str, set[str]]]:
     return out
 
 
+def _screenshot(page, path: Path) -> None:
+    """A full-page screenshot for people (no check reads it). Chromium on a loaded
+    machine once answered "Unable to capture screenshot" (a protocol error, the page
+    fine): one more try after a moment, then the error stands."""
+    from playwright.sync_api import Error
+
+    try:
+        page.screenshot(path=str(path), full_page=True)
+    except Error as exc:
+        if "Unable to capture screenshot" not in str(exc):
+            raise
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(path), full_page=True)
+
+
 def _check(page, base: str, name: str, url: str, width: str, problems: list[str]) -> None:
     w, h = WIDTHS[width]
     page.set_viewport_size({"width": w, "height": h})
     response = page.goto(base + url)
     assert response is not None
     page.wait_for_load_state("load")
-    page.screenshot(path=str(PAGE_SHOTS / f"{name}-{width}.png"), full_page=True)
+    _screenshot(page, PAGE_SHOTS / f"{name}-{width}.png")
     scroll, client = page.evaluate(
         "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     if scroll > client:
