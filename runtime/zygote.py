@@ -16,12 +16,24 @@ zygote's stdin; the zygote answers ``{"ready": true}`` once, then ``{"slot", "pi
 fork and ``{"pid", "rc"}`` when it has reaped a child (``rc`` as ``subprocess`` reports
 it: negative for a signal). The zygote dies with the supervisor (parent-death signal),
 and its children die with the zygote, so nothing outlives a killed supervisor.
+
+Forked from the process that runs the job (:func:`prefork`): ``yoco run`` has torch
+imported before it starts a thread, so it forks its zygote at that point instead of
+starting ``python -m runtime.zygote``, which would import torch a second time (seconds of
+CPU per host, before the first worker can start). The fork waits, doing nothing, until
+:class:`Zygote` takes it with the job's environment and log; asked for with another
+environment (torch reads some variables when it is imported) or another interpreter, the
+fork ends and the zygote starts as a new process, as without it. A worker forked from a
+preforked zygote ends the way ``python SCRIPT`` does (its exit status, an uncaught
+exception's traceback through ``sys.excepthook``, the interpreter's shutdown), though its
+stack holds the frames of ``yoco run`` that forked it: see :func:`_run_script`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import runpy
 import select
@@ -31,10 +43,13 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from runtime.proc import set_parent_death_signal
+
+log = logging.getLogger(__name__)
 
 
 def _child(req: dict[str, Any]) -> None:
@@ -66,13 +81,56 @@ def _child(req: dict[str, Any]) -> None:
 
             traceback.print_exc()
         os._exit(1)
-    runpy.run_path(req["argv"][0], run_name="__main__")
-    sys.exit(0)
+    _run_script(req["argv"][0])
 
 
-def main() -> None:
-    """Run the zygote: import torch, then fork a worker per request until stdin closes."""
-    set_parent_death_signal()
+def _run_script(path: str) -> None:
+    """Run the script as ``__main__`` and end the process as ``python SCRIPT`` ends. Never
+    returns: the script's end raises ``SystemExit`` (with the script's exit status), which
+    unwinds to the interpreter's top level and its usual shutdown (non-daemon threads
+    joined, ``atexit`` handlers, destructors).
+
+    Why the script's exceptions are caught here: in a zygote forked from ``yoco run``
+    (:func:`prefork`), the frames between this one and the top level are the CLI's, which
+    would treat an exception as theirs (click turns ``KeyboardInterrupt`` into "Aborted!",
+    a CLI's error handler would print its own message). ``SystemExit`` passes through them
+    untouched, so any other exception is reported here, through ``sys.excepthook`` as the
+    interpreter would, and becomes exit status 1. An uncaught ``KeyboardInterrupt`` ends
+    the process by SIGINT after its traceback, as the interpreter does, but without the
+    interpreter's shutdown."""
+    global _in_worker
+    _in_worker = True
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(130)  # not reached: SIGINT's default ends the process
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+#: True in a worker forked by the zygote (its exceptions are the script's, not the
+#: zygote's: they unwind, whatever kind of zygote forked it).
+_in_worker = False
+
+
+def main(*, preforked: bool = False) -> None:
+    """Run the zygote: import torch, then fork a worker per request until stdin closes.
+    ``preforked``: forked from ``yoco run`` (:func:`prefork`), which has set this process's
+    parent-death signal and imported torch already."""
+    if not preforked:
+        set_parent_death_signal()
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # the point of this process
     import torch._dynamo  # an optimizer's constructor imports it lazily (seconds)
@@ -183,9 +241,15 @@ class Zygote:
         # slot instead): killed as soon as the zygote reports them, so that no second
         # process runs as that slot.
         self._abandoned: set[str] = set()
-        self._proc = subprocess.Popen([python, "-m", "runtime.zygote"], env=env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=log)
+        self._proc: subprocess.Popen[bytes] | PreforkedProcess
+        taken = take_preforked(python, env, getattr(log, "name", None))
+        self.preforked = taken is not None
+        if taken is not None:
+            self._proc = taken
+        else:
+            self._proc = subprocess.Popen([python, "-m", "runtime.zygote"], env=env,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=log)
         threading.Thread(target=self._read, name="yoco-zygote", daemon=True).start()
 
     def _read(self) -> None:
@@ -256,6 +320,167 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+# A zygote forked from the process that runs the job (see the module docstring).
+
+
+class PreforkedProcess:
+    """A zygote forked by :func:`prefork`, with the part of ``subprocess.Popen``'s
+    interface :class:`Zygote` uses (this process is its parent and reaps it)."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # one waitpid at a time (Popen has the same)
+
+    def poll(self) -> int | None:
+        """The exit status once the zygote has ended (reaped here), else None."""
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: its status is lost
+                    self.returncode = -signal.SIGKILL
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status; ``subprocess.TimeoutExpired`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (rc := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"zygote {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return rc
+
+    def kill(self) -> None:
+        """Send SIGKILL (nothing once it has been reaped)."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+@dataclass
+class _Fork:
+    pid: int
+    to_child: int  # the start message, then the fork requests (the zygote's stdin)
+    from_child: int  # the zygote's reports (its stdout)
+    env: dict[str, str]
+
+
+_fork: _Fork | None = None
+
+
+def prefork() -> bool:
+    """Fork this process's spare zygote now (see the module docstring). Returns True when
+    one was forked, False where it cannot be: no ``fork``, another thread running (a fork
+    copies only the calling thread, so a lock held by another one would stay held in the
+    zygote forever), or one forked already.
+
+    Call it from the main thread once torch is imported and before any thread starts,
+    in a frame from which ``SystemExit`` unwinds to the interpreter's top level: the
+    workers forked from this zygote end by raising it out of this call. The zygote waits
+    for :func:`take_preforked` and ends when this process does, or closes its end."""
+    global _fork
+    if _fork is not None or not hasattr(os, "fork") or threading.active_count() > 1:
+        return False
+    import torch  # noqa: F401  (the point: the zygote has it already)
+
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    env = dict(os.environ)
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(to_child_w)
+        os.close(from_child_r)
+        _serve_preforked(parent, to_child_r, from_child_w)  # returns in a worker only
+        return False  # not reached: a worker raises SystemExit
+    os.close(to_child_r)
+    os.close(from_child_w)
+    _fork = _Fork(pid, to_child_w, from_child_r, env)
+    return True
+
+
+def _serve_preforked(parent: int, requests: int, reports: int) -> None:
+    """In the forked zygote: wait for the start message, then serve as the zygote. Never
+    returns, except by an exception raised out of a worker it forked."""
+    try:
+        set_parent_death_signal()
+        if os.getppid() != parent:  # it died before the death signal was set
+            os._exit(0)
+        sys.excepthook = sys.__excepthook__  # the script's, not the CLI's, if any
+        line = bytearray()
+        while not line.endswith(b"\n"):  # a byte at a time: the requests follow it
+            chunk = os.read(requests, 1)
+            if not chunk:  # not taken: this process ended or gave it up
+                os._exit(0)
+            line += chunk
+        start = json.loads(line)
+        os.environ.clear()
+        os.environ.update(start["env"])
+        log_fd = os.open(start["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log_fd, 2)
+        os.dup2(requests, 0)
+        os.dup2(reports, 1)
+        for fd in (log_fd, requests, reports):
+            if fd > 2:
+                os.close(fd)
+        print(f"[yoco] spare zygote forked from pid {parent} (torch already imported)",
+              file=sys.stderr, flush=True)
+        main(preforked=True)
+    except BaseException:
+        if _in_worker:
+            raise  # a worker's end: to the top level, as ``python SCRIPT`` ends
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)  # not reached: main() leaves by os._exit
+
+
+def take_preforked(python: str, env: dict[str, str], log_path: str | None
+                   ) -> PreforkedProcess | None:
+    """The zygote :func:`prefork` forked, started with ``env`` and its stderr appended to
+    ``log_path``; None when there is none, or when it would not be the zygote asked for
+    (the interpreter is not this one, ``env`` is not the environment it was forked with, or
+    no log path): then it ends, and the caller starts ``python -m runtime.zygote``."""
+    global _fork
+    fork, _fork = _fork, None
+    if fork is None:
+        return None
+    unusable = ("no log file" if not isinstance(log_path, str)
+                else "another environment" if env != fork.env
+                else "another interpreter"
+                if os.path.realpath(python) != os.path.realpath(sys.executable) else None)
+    if unusable is not None:
+        os.close(fork.to_child)  # it reads end-of-file and exits
+        os.close(fork.from_child)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(fork.pid, 0)
+        log.info("the zygote forked at start-up is not used (%s): starting a new one",
+                 unusable)
+        return None
+    try:
+        os.write(fork.to_child, (json.dumps({"env": env, "log": log_path}) + "\n").encode())
+    except OSError:  # it has died
+        os.close(fork.to_child)
+        os.close(fork.from_child)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(fork.pid, 0)
+        return None
+    return PreforkedProcess(fork.pid, os.fdopen(fork.to_child, "wb"),
+                            os.fdopen(fork.from_child, "rb"))
 
 
 if __name__ == "__main__":

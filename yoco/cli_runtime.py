@@ -197,6 +197,12 @@ def run(
     from runtime.sink import parse_sink_spec
     from runtime.supervisor import LaunchConfig, launch
 
+    if fork_spares:
+        from runtime.zygote import prefork
+
+        # Here, torch imported and no thread started: the spare zygote forked now has
+        # torch already (runtime.zygote). It must run before anything starts a thread.
+        prefork()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         kwargs = dict(a.split("=", 1) for a in sink_arg)

@@ -114,3 +114,128 @@ def test_closing_the_zygote_kills_its_workers(own_zygote: Zygote, tmp_path: Path
         os.kill(proc.pid, 0)
     with pytest.raises(RuntimeError):
         zygote.spawn("w2", [str(script), "0"], {}, tmp_path / "w2.log", timeout=5)
+
+
+# A zygote forked from the process that runs the job (runtime.zygote.prefork): what its
+# workers do must be what ``python SCRIPT`` does, though the frames of the program that
+# forked it (``yoco run``: click's, typer's) are on their stack.
+
+ENDINGS = """
+import atexit, sys, threading, time
+case = sys.argv[1]
+print("start", case, flush=True)
+if case == "ok":  # the interpreter's shutdown: threads joined, then atexit
+    def late():
+        time.sleep(0.3)
+        print("thread joined before the end", flush=True)
+    threading.Thread(target=late).start()
+    atexit.register(print, "atexit ran", flush=True)
+elif case == "exit3":
+    sys.exit(3)
+elif case == "exit_message":
+    sys.exit("a message for stderr")
+elif case == "raise":
+    raise ValueError("boom from the script")
+elif case == "interrupt":
+    raise KeyboardInterrupt
+"""
+
+#: What the program that forks the zygote looks like from a worker's stack: a CLI that
+#: catches exceptions and says so, as click does with KeyboardInterrupt ("Aborted!").
+DRIVER = """
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import torch  # what ``yoco run`` has imported when it forks
+from runtime.zygote import Zygote, prefork
+
+def cli():
+    where, script = Path(sys.argv[2]), sys.argv[3]
+    forked = prefork()
+    try:
+        zlog = (where / "zygote.log").open("ab")
+        z = Zygote(sys.executable, dict(os.environ), zlog)
+        assert z.wait_ready(120)
+        rcs = {}
+        for case in sys.argv[4:]:
+            proc = z.spawn(case, [script, case], {}, where / f"{case}.log")
+            rcs[case] = proc.wait(timeout=60)
+        z.close()
+        print(json.dumps({"forked": forked, "preforked": z.preforked, "rcs": rcs}))
+    except KeyboardInterrupt:
+        print("Aborted! (the CLI caught it)", flush=True)
+        sys.exit(1)
+    except Exception as exc:
+        print(f"the CLI caught {exc!r}", flush=True)
+        sys.exit(2)
+
+cli()
+"""
+
+CASES = ["ok", "exit3", "exit_message", "raise", "interrupt"]
+
+
+def test_a_zygote_forked_at_start_up_ends_each_script_as_python_does(tmp_path: Path
+                                                                    ) -> None:
+    script = tmp_path / "endings.py"
+    script.write_text(ENDINGS)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    repo = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, str(driver), repo, str(tmp_path), str(script),
+                          *CASES], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["forked"] and got["preforked"], got
+    assert "forked from pid" in (tmp_path / "zygote.log").read_text()
+    for case in CASES:
+        plain = subprocess.run([sys.executable, str(script), case], capture_output=True,
+                               text=True, timeout=60)
+        log = (tmp_path / f"{case}.log").read_text()
+        assert got["rcs"][case] == plain.returncode, (case, log)
+        for line in (plain.stdout + plain.stderr).splitlines():
+            if line.strip() and not line.startswith("  "):  # not the traceback's frames
+                assert line in log, (case, line, log)
+        assert "the CLI caught" not in log and "Aborted!" not in log, (case, log)
+    assert got["rcs"]["interrupt"] == -signal.SIGINT
+    ok = (tmp_path / "ok.log").read_text()
+    assert ok.index("thread joined before the end") < ok.index("atexit ran")
+    assert "the CLI caught" not in out.stdout and "Aborted!" not in out.stdout
+
+
+def test_a_zygote_asked_for_with_another_environment_is_started_anew(tmp_path: Path
+                                                                    ) -> None:
+    # torch reads some variables when it is imported: a zygote forked before the job's
+    # environment was known would not be the one asked for.
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.replace("dict(os.environ)",
+                                     "{**os.environ, 'YOCO_TEST_EXTRA': '1'}"))
+    script = tmp_path / "endings.py"
+    script.write_text(ENDINGS)
+    repo = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, str(driver), repo, str(tmp_path), str(script),
+                          "exit3"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"forked": True, "preforked": False, "rcs": {"exit3": 3}}
+    assert "forked from pid" not in (tmp_path / "zygote.log").read_text()
+
+
+def test_no_zygote_is_forked_while_another_thread_runs() -> None:
+    import threading
+
+    from runtime import zygote as z
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert z.prefork() is False
+        assert z._fork is None
+    finally:
+        stop.set()
+        t.join()
