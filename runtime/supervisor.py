@@ -911,6 +911,14 @@ class Supervisor:
         detected = death_detected_at(time.monotonic(), [f.since for s, _ in dead
                                                          if (f := self.fenced.get(s))])
         self._handle_progress()  # the step reached, as of now
+        # A recovery whose new generation is ready (it has trained a step) is over, though
+        # this loop may not have polled it yet (the store is polled less often than deaths
+        # are looked for, and a loaded machine delays both): close it first, so that a
+        # death in that generation is a failure of its own, at the step it happened, and
+        # not folded into the recovered one (which would then be recorded as this death's
+        # outcome, at a step before it).
+        if self.recovery.active:
+            self._handle_ready()
         # Deaths of one incident (a node, a replica group, the whole job: seen one
         # process at a time) within MERGE_WINDOW_S of its detection join it -- one
         # failure, one outcome -- and the recovery is planned again from all of them. A

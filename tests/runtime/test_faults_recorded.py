@@ -118,6 +118,31 @@ def test_merged_deaths_are_one_failure_naming_every_worker(tmp_path: Path) -> No
     assert not (tmp_path / "runs" / "two" / "outbox" / "drafts.json").exists()
 
 
+def test_a_death_after_the_recovery_was_ready_is_a_failure_of_its_own(tmp_path: Path
+                                                                     ) -> None:
+    """w1 killed at step 5; the new generation forms and trains on; w0 killed at step 8,
+    ~0.3 s later, before the supervisor has read that the new generation was ready (its
+    store poll here every 2 s, as a supervisor descheduled on a loaded machine is late;
+    deaths it sees at once). Two failures, each live: the second is not folded into the
+    first (once "w1, w0 at step 5", rolled back: the record named a death 3 steps before it
+    happened and gave a live recovery the outcome of the next)."""
+    cfg = _config(tmp_path, "after", steps=20, spares=2, sleep=0.1, checkpoint_every=0,
+                  faults=("kill:rank=1:step=5", "kill:rank=0:step=8"),
+                  store_poll_interval_s=2.0)
+    sink = JsonlFileSink(tmp_path / "after.records.jsonl")
+    result = launch(cfg, sink)
+    assert result.exit_code == 0, result
+    recs = sink.read_all()
+    _one_outcome_each(recs)
+    assert _failures(recs) == [("unplanned", "process_killed", "live_migrated", 0)] * 2
+    first, second = [r for r in recs if r["kind"] == "failure"]
+    # Each at the step its kill hit, or the next one if the survivor's commit of it was
+    # read first (as everywhere: the step committed when the death was seen).
+    assert first["step"] in (5, 6) and first["detail"] == "w1 exit -9", first
+    assert second["step"] in (8, 9) and second["detail"].startswith("w0 exit -9"), second
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == 20
+
+
 def _yoco_run(tmp: Path, name: str, sink_args: list[str], *extra: str
               ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{HERE}"}
