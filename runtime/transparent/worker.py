@@ -56,12 +56,17 @@ from runtime import exitguard
 from runtime import protocol as P
 from runtime.errors import ConfigError, GenerationChanged, TransparentError
 from runtime.job import Job, JobConfig
+from runtime.membership import GenerationWatch
 
 log = logging.getLogger("yoco.runtime.transparent")
 
 __all__ = ["ElasticDDP", "Transparent", "TransparentJob", "current", "install"]
 
 _RT: Transparent | None = None
+
+#: How often a waiting spare asks whether the job has ended without it (the generations
+#: it follows come through a blocking watch, at once).
+SPARE_SHUTDOWN_CHECK_S = 0.1
 
 
 def current() -> Transparent | None:
@@ -350,11 +355,23 @@ class Transparent:
         host, _, port = os.environ[P.ENV_STORE].rpartition(":")
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
         store.set(P.waiting_key(self.slot), str(time.time()))
+        # A spare may wait for hours: it follows the generations through a blocking watch
+        # and reads a plan only when a new one is published (polling the store every 10 ms
+        # took CPU from the training ranks on a small machine: docs/benchmarks-runtime.md).
+        watch = GenerationWatch(host, int(port))
+        seen, last_shutdown_check = -1, 0.0
         while True:
-            if store.check([P.KEY_SHUTDOWN]):
-                sys.exit(0)  # a spare the job ended without
-            if store.check([P.KEY_GEN]):
-                gen = int(store.get(P.KEY_GEN))
+            now = time.monotonic()
+            if now - last_shutdown_check >= SPARE_SHUTDOWN_CHECK_S:
+                last_shutdown_check = now
+                if store.check([P.KEY_SHUTDOWN]):
+                    sys.exit(0)  # a spare the job ended without
+            if watch.ok:
+                gen = watch.latest
+            else:  # the watch's connection failed: poll, as it would
+                gen = int(store.get(P.KEY_GEN)) if store.check([P.KEY_GEN]) else -1
+            if gen > seen:
+                seen = gen
                 plan = P.Plan.decode(store.get(P.plan_key(gen)))
                 if self.slot in plan.members:
                     self.rank, self.world = plan.members.index(self.slot), len(plan.members)
@@ -366,7 +383,10 @@ class Transparent:
                     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), \
                         str(self.world)
                     return
-            time.sleep(0.01)
+            if watch.ok:
+                watch.wait_beyond(seen, SPARE_SHUTDOWN_CHECK_S)
+            else:
+                time.sleep(0.01)
 
     def get_rank(self, group: Any = None) -> int:
         """``torch.distributed.get_rank``."""
