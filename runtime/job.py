@@ -535,14 +535,18 @@ class Job:
         if self.rank != 0:
             return
         # A rank of an abandoned generation (fenced while frozen or cut off, now back)
-        # must not write the committed step or progress: it exits here instead.
-        self._m.exit_if_fenced()
-        if self._committed is not None:
-            self._committed.write(self.step)
+        # must not write the committed step or progress: it exits instead (the report's
+        # fence check, on the reporting thread: Membership.report_commit).
+        step, committed = self.step, self._committed
         window = self._step_times[-20:]
-        self._m.mark(P.KEY_PROGRESS, json.dumps(
-            {"step": self.step, "step_seconds": sum(window) / len(window), "t": time.time(),
-             "gen": self.gen, "slot": self.slot}), checked=True)
+
+        def write_committed() -> None:
+            if committed is not None:
+                committed.write(step)
+
+        self._m.report_commit(write_committed, P.KEY_PROGRESS, json.dumps(
+            {"step": step, "step_seconds": sum(window) / len(window), "t": time.time(),
+             "gen": self.gen, "slot": self.slot}))
         if self._regroup_timing is not None:
             self._mark_ready(self.step, seconds)
 

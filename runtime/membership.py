@@ -94,6 +94,59 @@ class GenerationWatch:
             self._cond.wait_for(lambda: self.latest > gen or not self.ok, timeout)
 
 
+class _Reporter:
+    """The thread that writes rank 0's report of each commit (:meth:`Membership.report_commit`):
+    the fence check, then the local write, then the store's; one report at a time."""
+
+    def __init__(self, m: Membership) -> None:
+        self._m = m
+        host, port = m.store_addr
+        # Its own connection: a store client serves one request at a time, and the
+        # training thread's requests (the RNG states, a fault report) must not queue
+        # behind this thread's round trip.
+        self._store = dist.TCPStore(host, port, is_master=False,
+                                    timeout=timedelta(seconds=60))
+        self._cond = threading.Condition()
+        self._pending: tuple[Callable[[], None], str, str] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, name="yoco-report", daemon=True).start()
+
+    def submit(self, local: Callable[[], None], key: str, value: str) -> None:
+        """Queue one report (the caller has flushed the previous one)."""
+        with self._cond:
+            self._pending = (local, key, value)
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until no report is pending; raise the error writing the last one raised."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is None)
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                item = self._pending
+            if item is None:
+                continue
+            local, key, value = item
+            try:
+                self._m.exit_if_fenced(self._store)  # exits the process when fenced
+                local()
+                self._store.set(key, value)
+            except BaseException as exc:  # raised again on the training thread
+                error: BaseException | None = exc
+            else:
+                error = None
+            with self._cond:
+                self._error = error
+                self._pending = None
+                self._cond.notify_all()
+
+
 class Timeline:
     """A worker's recovery timeline for the benchmarks (``YOCO_TIMELINE``): one JSON line
     per event (wall clock, event name, generation, step), appended to ``DIR/SLOT.jsonl``.
@@ -193,6 +246,7 @@ class Membership:
         # before a newer generation's groups are built (abort_older).
         self._gen_sockets: dict[int, dict[int, str]] = {}
         self._gen_groups: dict[int, list[Any]] = {}
+        self._reporter: _Reporter | None = None  # rank 0's, from its first commit
 
     def event(self, ev: str, t: float | None = None) -> None:
         """Stamp ``ev`` (at ``t``, default now) on this worker's benchmark timeline (see
@@ -497,28 +551,57 @@ class Membership:
 
     def mark(self, key: str, value: str, *, checked: bool = False) -> None:
         """Set ``key`` in the supervisor's store -- unless this process is fenced: then
-        it exits (:meth:`exit_if_fenced`; ``checked``: the caller just checked)."""
+        it exits (:meth:`exit_if_fenced`; ``checked``: the caller just checked). After the
+        step's report (:meth:`report_commit`), if one is pending: the store sees this
+        process's writes in the order it made them."""
+        self.flush_report()
         if not checked:
             self.exit_if_fenced()
         self.store.set(key, value)
 
-    def fenced(self) -> dict[str, Any] | None:
-        """The coordinator's fence of this process ({gen, cause, detail}), or None.
+    def report_commit(self, local: Callable[[], None], key: str, value: str) -> None:
+        """What rank 0 writes after each commit -- ``local()`` (the committed-step file),
+        then ``key`` = ``value`` in the store (the progress) -- once this process is
+        known not to be fenced, as :meth:`mark` does, but on a reporting thread with a
+        store connection of its own: the training thread does not wait for the fence
+        check's round trip, which a store on a busy machine answers late
+        (docs/benchmarks-runtime.md, "Figures behind the code").
+
+        At most one report is pending: this first waits for the previous one, so the
+        progress the store holds is never more than the step being reported behind, as
+        before. A fenced process exits from the reporting thread before writing anything;
+        a report that failed (the store gone) raises here, or in :meth:`flush_report`,
+        as the write itself would have."""
+        self.flush_report()
+        if self._reporter is None:
+            self._reporter = _Reporter(self)
+        self._reporter.submit(local, key, value)
+
+    def flush_report(self) -> None:
+        """Wait until the pending report (:meth:`report_commit`) is written; raise what
+        writing it raised."""
+        if self._reporter is not None:
+            self._reporter.flush()
+
+    def fenced(self, store: Any = None) -> dict[str, Any] | None:
+        """The coordinator's fence of this process ({gen, cause, detail}), or None (read
+        through ``store``, default this process's connection).
 
         One store round trip. Fencing is published before any generation that excludes
         this process, so a process that was frozen or cut off when it was fenced finds it
         as soon as it runs (or reaches the store) again; a store that does not answer
         raises here, so nothing is written meanwhile."""
+        store = self.store if store is None else store
         key = P.fenced_key(self.slot)
-        if not self.store.check([key]):
+        if not store.check([key]):
             return None
-        return dict(json.loads(self.store.get(key)))
+        return dict(json.loads(store.get(key)))
 
-    def exit_if_fenced(self) -> None:
+    def exit_if_fenced(self, store: Any = None) -> None:
         """Exit :data:`runtime.protocol.EXIT_FENCED`, writing nothing, if the coordinator
         has fenced this process (a rank of an abandoned generation must never write into
         the live one's store keys, checkpoints or records)."""
-        fence = self.fenced()
+        fence = self.fenced(store)
         if fence is None:
             return
         msg = (f"{self.slot} was fenced by the coordinator ({fence.get('cause')}: "

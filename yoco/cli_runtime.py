@@ -10,6 +10,7 @@ default_sink=...)`` lets a caller replace that choice.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,12 @@ def _ledger_sink_for(contract: str) -> SinkSpec | None:
         target="yoco.sink:ledger_sink",
         kwargs={"database_url": ctx.settings.sink_database_url or ctx.settings.database_url},
     )
+
+
+#: ``YOCO_PREFORK=0``: start the spare zygote as a new process (``python -m runtime.zygote``)
+#: rather than forking it from ``yoco run`` (the peer bench/zygote_bench.py measures
+#: against; a way round, should the fork ever misbehave somewhere).
+PREFORK_ENV = "YOCO_PREFORK"
 
 
 def set_default_sink(hook: SinkHook) -> None:
@@ -197,7 +204,7 @@ def run(
     from runtime.sink import parse_sink_spec
     from runtime.supervisor import LaunchConfig, launch
 
-    if fork_spares:
+    if fork_spares and os.environ.get(PREFORK_ENV, "1") != "0":
         from runtime.zygote import prefork
 
         # Here, torch imported and no thread started: the spare zygote forked now has
@@ -237,7 +244,6 @@ def run(
             hang_stopped_factor=hang_stopped_factor)
         identity = None
         if nnodes is not None or node_rank is not None:
-            import os
             import socket
 
             from runtime.identity import NodeFlags, resolve_identity

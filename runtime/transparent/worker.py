@@ -676,6 +676,9 @@ class Transparent:
         if _same_rng(self._rng_published, states):
             return
         assert self.job is not None and self.job._m is not None
+        # Not before the last commit's report has found this process unfenced: a rank of
+        # an abandoned generation must not overwrite the live rank's published states.
+        self.job._m.flush_report()
         if boundary != self._rng_boundary:  # a new boundary: the other slot
             self._rng_pubs += 1
             self._rng_boundary = boundary

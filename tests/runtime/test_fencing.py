@@ -10,6 +10,7 @@ must learn it was fenced and exit non-zero with its line."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import threading
@@ -159,6 +160,63 @@ def test_a_fenced_process_exits_5_before_writing() -> None:
     proc.join(timeout=60)
     assert proc.exitcode == P.EXIT_FENCED
     assert not master.check([P.KEY_PROGRESS])
+
+
+def _reporting_child(port: int, local_file: str) -> None:
+    m = Membership(slot="w0", store_addr=("127.0.0.1", port), use_nccl=False,
+                   poll_interval_s=0.01, regroup_timeout_s=60, collective_timeout_s=60,
+                   current_step=lambda: 7)
+
+    def write_local(step: int) -> None:
+        with open(local_file, "a") as fh:
+            fh.write(f"{step}\n")
+
+    m.report_commit(lambda: write_local(7), P.KEY_PROGRESS, '{"step": 7}')
+    m.flush_report()  # written: not fenced yet
+    m.store.set(P.fenced_key("w0"), '{"gen": 3, "cause": "hang", "detail": "host1 silent"}')
+    # The coordinator fenced it meanwhile: the next report's thread exits the process
+    # before writing anything; the training thread, still running, must write nothing
+    # after the report either (its next mark waits for the report first).
+    m.report_commit(lambda: write_local(8), P.KEY_PROGRESS, '{"step": 8}')
+    m.mark("after-the-report", "1")
+    os._exit(0)
+
+
+def test_a_commit_report_of_a_fenced_process_exits_5_and_writes_nothing(tmp_path: Path
+                                                                       ) -> None:
+    # Rank 0's report of each commit (the committed-step file, the progress) is written on
+    # a thread of its own, after the fence check: fenced, it writes neither, and nothing
+    # the training thread writes after it reaches the store.
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    local = tmp_path / "committed.txt"
+    proc = mp.get_context("spawn").Process(target=_reporting_child,
+                                           args=(master.port, str(local)))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == P.EXIT_FENCED
+    assert json.loads(master.get(P.KEY_PROGRESS)) == {"step": 7}
+    assert local.read_text() == "7\n"
+    assert not master.check(["after-the-report"])
+
+
+def test_a_commit_report_that_failed_raises_on_the_training_thread() -> None:
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    m = Membership(slot="w0", store_addr=("127.0.0.1", master.port), use_nccl=False,
+                   poll_interval_s=0.01, regroup_timeout_s=60, collective_timeout_s=60,
+                   current_step=lambda: 0)
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    m.report_commit(full_disk, P.KEY_PROGRESS, '{"step": 1}')
+    with pytest.raises(OSError, match="No space left"):
+        m.flush_report()
+    assert not master.check([P.KEY_PROGRESS])  # nothing after the failed write
+    m.report_commit(lambda: None, P.KEY_PROGRESS, '{"step": 2}')
+    m.flush_report()  # the error was raised once; the next report goes through
+    assert json.loads(master.get(P.KEY_PROGRESS)) == {"step": 2}
 
 
 def _assert_identical(a: Path, b: Path) -> None:
