@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.zygote import ForkedProcess, Zygote
+from runtime.zygote import ForkedProcess, Zygote, kept_zygote
 
 log = logging.getLogger("yoco.runtime.processes")
 
@@ -96,6 +96,7 @@ class WorkerPool:
         self.log_dir = log_dir
         self.procs: dict[str, Process] = {}
         self.zygote: Zygote | None = None
+        self._zygote_kept = False  # this process's kept zygote: not closed with the job
         self._logs: dict[str, IO[bytes]] = {}
         self._next_slot = 0
 
@@ -112,9 +113,20 @@ class WorkerPool:
 
     def start_zygote(self, env: Mapping[str, str]) -> None:
         """Start the fork server (runtime.zygote) that the job's processes are forked
-        from: the first workers and spares as well as their replacements."""
-        self._logs["zygote"] = (self.log_dir / "zygote.log").open("ab")
-        self.zygote = Zygote(self.python, dict(env), self._logs["zygote"])
+        from: the first workers and spares as well as their replacements -- or take this
+        process's kept one (:func:`runtime.zygote.keep_zygotes`), which outlives the job."""
+        log = (self.log_dir / "zygote.log").open("ab")
+        kept = kept_zygote(self.python, dict(env), log)
+        self._logs["zygote"] = log
+        if kept is not None:
+            self.zygote, self._zygote_kept = kept, True
+            if kept.log is not log:  # kept from an earlier job: this job's log says so
+                with contextlib.suppress(OSError):
+                    log.write(f"[yoco] the zygote kept from an earlier job (pid "
+                              f"{kept.pid}) forks this job's processes\n".encode())
+                    log.flush()
+            return
+        self.zygote = Zygote(self.python, dict(env), log)
 
     def spawn(self, slot: str, env: dict[str, str]) -> None:
         """Start ``slot``: forked from the zygote (waiting up to
@@ -125,7 +137,8 @@ class WorkerPool:
         # fork after the wait is ready no later, and N processes cost one import, not N.
         if self.zygote is not None and self.zygote.wait_ready(ZYGOTE_START_WAIT_S):
             try:
-                self.procs[slot] = self.zygote.spawn(slot, self.argv, env, log_path)
+                self.procs[slot] = self.zygote.spawn(slot, self.argv, env, log_path,
+                                                     full_env=self._zygote_kept)
                 return
             except (RuntimeError, OSError) as exc:
                 log.warning("spare zygote failed (%s): starting %s as a new process",
@@ -189,7 +202,7 @@ class WorkerPool:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if self.zygote is not None:
+        if self.zygote is not None and not self._zygote_kept:
             self.zygote.close()
         for f in self._logs.values():
             f.close()

@@ -67,6 +67,8 @@ def _child(req: dict[str, Any]) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
+        if req.get("full_env"):  # the whole environment, not additions to the zygote's
+            os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = list(req["argv"])
         sys.path[0] = str(Path(req["argv"][0]).resolve().parent)
@@ -168,7 +170,7 @@ def main(*, preforked: bool = False) -> None:
                 if pid == 0:
                     _child(req)
                 children.add(pid)
-                send({"slot": req["slot"], "pid": pid})
+                send({"id": req.get("id", req["slot"]), "slot": req["slot"], "pid": pid})
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -234,9 +236,12 @@ class Zygote:
         self.cond = threading.Condition()
         self.ready = False
         self.alive = True
+        self.log = log  # where the zygote's own output goes
         self._procs: dict[int, ForkedProcess] = {}
         self._exits: dict[int, int] = {}  # reaped before their pid was claimed
+        # By request id (slot names repeat in every job a kept zygote serves).
         self._pids: dict[str, int] = {}
+        self._requests = 0
         # Forks given up on (spawn timed out; the caller started a new process for the
         # slot instead): killed as soon as the zygote reports them, so that no second
         # process runs as that slot.
@@ -250,6 +255,7 @@ class Zygote:
             self._proc = subprocess.Popen([python, "-m", "runtime.zygote"], env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log)
+        self.pid = self._proc.pid
         threading.Thread(target=self._read, name="yoco-zygote", daemon=True).start()
 
     def _read(self) -> None:
@@ -265,12 +271,12 @@ class Zygote:
                         proc.returncode = int(msg["rc"])
                     else:
                         self._exits[msg["pid"]] = int(msg["rc"])
-                elif msg["slot"] in self._abandoned:
-                    self._abandoned.discard(msg["slot"])
+                elif msg.get("id", msg["slot"]) in self._abandoned:
+                    self._abandoned.discard(msg.get("id", msg["slot"]))
                     with contextlib.suppress(OSError):
                         os.kill(int(msg["pid"]), signal.SIGKILL)
                 else:
-                    self._pids[msg["slot"]] = int(msg["pid"])
+                    self._pids[msg.get("id", msg["slot"])] = int(msg["pid"])
                 self.cond.notify_all()
         with self.cond:
             self.alive = False
@@ -285,11 +291,16 @@ class Zygote:
                 and self.ready
 
     def spawn(self, slot: str, argv: list[str], env: dict[str, str], log: Path,
-              timeout: float = 10.0) -> ForkedProcess:
+              timeout: float = 10.0, *, full_env: bool = False) -> ForkedProcess:
         """Fork a worker named ``slot`` running ``argv`` (script first) with ``env``
-        added to the zygote's environment and its output appended to ``log``."""
+        added to the zygote's environment (``full_env``: ``env`` is the whole of it) and
+        its output appended to ``log``."""
         assert self._proc.stdin is not None
-        req = {"slot": slot, "argv": argv, "env": env, "log": str(log)}
+        with self.cond:
+            self._requests += 1
+            rid = f"{slot}#{self._requests}"
+        req = {"id": rid, "slot": slot, "argv": argv, "env": env, "log": str(log),
+               "full_env": full_env}
         try:
             if not self.alive:
                 raise ValueError("exited")
@@ -298,12 +309,12 @@ class Zygote:
         except (OSError, ValueError) as exc:  # closed, or the zygote died
             raise RuntimeError(f"the spare zygote is not running: {exc}") from exc
         with self.cond:
-            if not self.cond.wait_for(lambda: slot in self._pids or not self.alive, timeout):
-                self._abandoned.add(slot)
+            if not self.cond.wait_for(lambda: rid in self._pids or not self.alive, timeout):
+                self._abandoned.add(rid)
                 raise RuntimeError(f"the spare zygote did not fork {slot} in {timeout} s")
-            if slot not in self._pids:
+            if rid not in self._pids:
                 raise RuntimeError("the spare zygote exited")
-            pid = self._pids.pop(slot)
+            pid = self._pids.pop(rid)
             proc = ForkedProcess(pid, self)
             if pid in self._exits:
                 proc.returncode = self._exits.pop(pid)
@@ -320,6 +331,46 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+# Zygotes kept for the next job of this process (see keep_zygotes).
+
+_keep: tuple[str, ...] | None = None  # None: off; else the variables a key ignores
+_kept: dict[tuple[str, frozenset[tuple[str, str]]], Zygote] = {}
+#: The most zygotes kept at once (one per interpreter and environment; the oldest goes).
+KEPT_MAX = 4
+
+
+def keep_zygotes(*, ignore_env: tuple[str, ...] = ()) -> None:
+    """From now on, a zygote a job of this process starts is kept when the job ends, and
+    the next job started with the same interpreter and environment forks from it instead
+    of starting one (which imports torch again: seconds of CPU). For a program that runs
+    jobs one after another through :func:`runtime.supervisor.launch` (a test suite, a
+    driver of many small jobs); ``yoco run`` forks its own zygote instead (:func:`prefork`).
+
+    ``ignore_env``: variables that may differ between two jobs sharing a zygote (none of
+    them read when torch is imported), e.g. ``PYTEST_CURRENT_TEST``. A kept zygote's
+    workers get the job's whole environment (not additions to the zygote's), so nothing
+    of an earlier job's leaks into a later one's."""
+    global _keep
+    _keep = tuple(ignore_env)
+
+
+def kept_zygote(python: str, env: dict[str, str], log: IO[bytes]) -> Zygote | None:
+    """The kept zygote for ``python`` and ``env`` (started now, logging to ``log``, if
+    there is none alive), or None when zygotes are not kept (:func:`keep_zygotes`)."""
+    if _keep is None:
+        return None
+    key = (python, frozenset((k, v) for k, v in env.items() if k not in _keep))
+    z = _kept.get(key)
+    if z is not None and z.alive:
+        return z
+    _kept.pop(key, None)
+    while len(_kept) >= KEPT_MAX:
+        _kept.pop(next(iter(_kept))).close()
+    z = Zygote(python, env, log)
+    _kept[key] = z
+    return z
 
 
 # A zygote forked from the process that runs the job (see the module docstring).

@@ -49,6 +49,17 @@ SERIAL_JOB_FILES: dict[str, str] = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The jobs the tests start inside this process (``runtime.supervisor.launch``) keep
+    their spare zygote for the next one with the same environment
+    (``runtime.zygote.keep_zygotes``): one import of torch per environment and test
+    process instead of one per job (docs/benchmarks.md, "The test suite"). The jobs that
+    test the zygote's start run through ``yoco run`` (a new zygote each, forked from it)."""
+    from runtime.zygote import keep_zygotes
+
+    keep_zygotes(ignore_env=("PYTEST_CURRENT_TEST",))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the db marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses the database fixtures ``db`` (whatever its file is called),

@@ -239,3 +239,64 @@ def test_no_zygote_is_forked_while_another_thread_runs() -> None:
     finally:
         stop.set()
         t.join()
+
+
+# Zygotes kept for the next job of the process (runtime.zygote.keep_zygotes; the test
+# suite keeps them: tests/conftest.py).
+
+ENV_SCRIPT = """
+import os, sys
+print("value", os.environ.get("YOCO_TEST_VALUE"), "only-first",
+      os.environ.get("YOCO_TEST_ONLY_FIRST"), flush=True)
+"""
+
+
+def test_a_kept_zygote_serves_the_next_job_with_that_jobs_whole_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import zygote as z
+    from runtime.processes import WorkerPool
+
+    monkeypatch.setattr(z, "_kept", {})
+    z.keep_zygotes(ignore_env=("PYTEST_CURRENT_TEST",))
+    script = tmp_path / "env.py"
+    script.write_text(ENV_SCRIPT)
+    base = dict(os.environ)
+    pids, outs = [], []
+    for job, env in enumerate([{**base, "YOCO_TEST_VALUE": "a", "YOCO_TEST_ONLY_FIRST": "1"},
+                               {**base, "YOCO_TEST_VALUE": "b"}]):
+        logs = tmp_path / f"job{job}"
+        logs.mkdir()
+        pool = WorkerPool(python=sys.executable, script=str(script), args=[], log_dir=logs)
+        # The zygote is keyed by the environment it starts with (torch reads some of it
+        # when imported); the workers' own environments differ, as a job's do.
+        pool.start_zygote(base)
+        assert pool.zygote is not None
+        pids.append(pool.zygote.pid)
+        pool.spawn("w0", env)
+        assert pool.procs["w0"].wait(timeout=60) == 0
+        pool.shutdown()
+        outs.append((logs / "w0.log").read_text())
+    assert pids[0] == pids[1]  # the second job forked from the first one's zygote
+    assert "value a only-first 1" in outs[0]
+    assert "value b only-first None" in outs[1]  # nothing of the first job's environment
+    assert "kept from an earlier job" in (tmp_path / "job1" / "zygote.log").read_text()
+    other = WorkerPool(python=sys.executable, script=str(script), args=[],
+                       log_dir=tmp_path)
+    other.start_zygote({**base, "OMP_NUM_THREADS": "1"})  # another environment: its own
+    assert other.zygote is not None and other.zygote.pid != pids[0]
+    other.shutdown()
+    for kept in z._kept.values():
+        kept.close()
+
+
+def test_without_keeping_each_job_starts_and_ends_its_own_zygote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import zygote as z
+    from runtime.processes import WorkerPool
+
+    monkeypatch.setattr(z, "_keep", None)
+    pool = WorkerPool(python=sys.executable, script="x.py", args=[], log_dir=tmp_path)
+    pool.start_zygote(dict(os.environ))
+    assert pool.zygote is not None and pool.zygote.wait_ready(120)
+    pool.shutdown()
+    assert not pool.zygote.alive or pool.zygote._proc.poll() is not None
