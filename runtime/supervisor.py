@@ -1076,12 +1076,15 @@ class Supervisor:
         if ck is not None:
             rec.rollback_step = ck[0]
             rec.absorbed = step.absorbed
+        # The checkpoint a rollback goes back to is the newest one written by now (a
+        # write that failed earlier may have been followed by one that succeeded).
+        source = f" from the checkpoint of step {ck[0]}" if ck is not None else ""
         if self.cfg.shards > 1:
-            log.warning("generation %d: %s recovery (HSDP, %d shards), members %s",
-                        plan.gen, plan.mode, self.cfg.shards, members)
+            log.warning("generation %d: %s recovery%s (HSDP, %d shards), members %s",
+                        plan.gen, plan.mode, source, self.cfg.shards, members)
         else:
-            log.warning("generation %d: %s recovery, members %s", plan.gen, plan.mode,
-                        members)
+            log.warning("generation %d: %s recovery%s, members %s", plan.gen, plan.mode,
+                        source, members)
         rec.gen = plan.gen
         self._publish(plan)
 
