@@ -33,7 +33,8 @@ _DB_ROOT_FIXTURE = "pg_admin_url"
 #: 2026-12-05): the jobs on hosts in network namespaces (and the hang tests) in one, the
 #: in-process jobs in the other. Two groups took as long as one while the fault jobs'
 #: CPU bound the suite (20 min 03 s against 19 min 28 s - 20 min 37 s); since their CPU
-#: fell by ~40 % (the kept zygotes), one group is the suite's longest chain.
+#: fell by ~40 % (the kept zygotes), clean clones took 16 min 50 s with two groups and
+#: 17 min 27 s with one (within the machine's hour-to-hour spread, both passing).
 SERIAL_JOB_FILES: dict[str, str] = {
     "tests/runtime/test_partition_real.py": "runtime-fault-jobs-hosts",
     "tests/runtime/test_nodes.py": "runtime-fault-jobs-hosts",
