@@ -500,6 +500,15 @@ def _serve_preforked(parent: int, requests: int, reports: int) -> None:
     os._exit(0)  # not reached: main() leaves by os._exit
 
 
+def _discard(fork: _Fork) -> None:
+    """End a forked zygote that will not be used (it reads end-of-file and exits) and
+    reap it."""
+    os.close(fork.to_child)
+    os.close(fork.from_child)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(fork.pid, 0)
+
+
 def take_preforked(python: str, env: dict[str, str], log_path: str | None
                    ) -> PreforkedProcess | None:
     """The zygote :func:`prefork` forked, started with ``env`` and its stderr appended to
@@ -515,20 +524,14 @@ def take_preforked(python: str, env: dict[str, str], log_path: str | None
                 else "another interpreter"
                 if os.path.realpath(python) != os.path.realpath(sys.executable) else None)
     if unusable is not None:
-        os.close(fork.to_child)  # it reads end-of-file and exits
-        os.close(fork.from_child)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(fork.pid, 0)
+        _discard(fork)
         log.info("the zygote forked at start-up is not used (%s): starting a new one",
                  unusable)
         return None
     try:
         os.write(fork.to_child, (json.dumps({"env": env, "log": log_path}) + "\n").encode())
     except OSError:  # it has died
-        os.close(fork.to_child)
-        os.close(fork.from_child)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(fork.pid, 0)
+        _discard(fork)
         return None
     return PreforkedProcess(fork.pid, os.fdopen(fork.to_child, "wb"),
                             os.fdopen(fork.from_child, "rb"))
