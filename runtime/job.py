@@ -527,6 +527,10 @@ class Job:
 
     def _after_commit(self, seconds: float) -> None:
         assert self._m is not None
+        if self.rank == 0:
+            # First, before the checkpoint's copy and the report: the generation's
+            # committed step, for the lost steps should every member die right now.
+            self._m.note_committed(self.step)
         self._m.event("commit")
         self._step_times.append(seconds)
         # Checkpoint writers: rank 0; with HSDP every rank of replica group 0, its shard.

@@ -559,6 +559,19 @@ class Membership:
             self.exit_if_fenced()
         self.store.set(key, value)
 
+    def note_committed(self, step: int) -> None:
+        """Rank 0, right after each update: ``g{gen}/committed`` = ``step`` (see
+        :func:`runtime.protocol.committed_key`), on this thread, before the step's report.
+
+        Why here and unchecked: the report (:meth:`report_commit`) reaches the store a
+        little later, on its own thread; were every member killed in between, the
+        rollback's lost steps would miss this step, which the update has taken. A store
+        ``set`` is one message with no reply (no round trip: a few microseconds), and this
+        key is the process's own generation's: a fenced process writing it (frozen in
+        those microseconds, thawed later) writes the step it truly committed into a key
+        no later generation uses, never into a live one's."""
+        self.store.set(P.committed_key(self.gen), str(step))
+
     def report_commit(self, local: Callable[[], None], key: str, value: str) -> None:
         """What rank 0 writes after each commit -- ``local()`` (the committed-step file),
         then ``key`` = ``value`` in the store (the progress) -- once this process is

@@ -163,9 +163,11 @@ def ready_key(gen: int) -> str:
 
 
 def committed_key(gen: int) -> str:
-    """Key rank 0 of generation ``gen`` sets, as it joins a newer generation, to the last
-    step it reported in ``gen`` (its last :data:`KEY_PROGRESS`): the failed generation's
-    progress, which KEY_PROGRESS no longer shows once the next generation has reported."""
+    """Key rank 0 of generation ``gen`` sets to its last committed step: right after each
+    update (``Membership.note_committed``, before the step's :data:`KEY_PROGRESS` report,
+    which is written later on a reporting thread), and as it joins a newer generation.
+    The failed generation's progress, which KEY_PROGRESS may not show yet (every member
+    killed right after an update) or no longer shows once the next generation reported."""
     return f"g{gen}/committed"
 
 
