@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -161,6 +162,34 @@ def test_process_exiting_sees_a_kill_before_the_exit_status() -> None:
         p.kill()
         p.wait()
     assert process_exiting(p.pid)  # reaped: gone
+
+
+def test_stat_files_are_held_per_process_closed_when_it_is_gone_and_bounded() -> None:
+    import subprocess
+
+    from runtime.processes import _StatFiles
+
+    files = _StatFiles()
+    files.MAX = 2
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        first = files.read(procs[0].pid)
+        assert first is not None and first.startswith(f"{procs[0].pid} (sleep) ".encode())
+        assert files.read(procs[0].pid) is not None  # the same file, read again
+        for p in procs[1:]:
+            assert files.read(p.pid) is not None
+        assert len(files._fds) == 2 and procs[0].pid not in files._fds  # oldest closed
+        held = files._fds[procs[1].pid]
+        procs[1].kill()
+        procs[1].wait()  # reaped: the held file now fails, whatever gets the number
+        assert files.read(procs[1].pid) is None
+        assert procs[1].pid not in files._fds
+        with pytest.raises(OSError):
+            os.fstat(held)  # closed
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_process_stopped_is_true_only_while_stopped() -> None:
