@@ -176,6 +176,13 @@ def skeleton_key(gen: int, src: int) -> str:
     return f"g{gen}/skel/{src}"
 
 
+def no_skeleton_key(gen: int, src: int) -> str:
+    """Key rank ``src`` of a live ``gen`` sets while the groups form when it will not
+    publish its skeleton ahead (it holds no state, or does not expect to send): a
+    newcomer that guessed it as its source stops waiting for that skeleton."""
+    return f"g{gen}/noskel/{src}"
+
+
 def fault_key(slot: str) -> str:
     """Key of the latest fault report of worker ``slot``."""
     return f"fault/{slot}"

@@ -241,15 +241,27 @@ class StateTransfer:
             return None
         participants = plan.members + plan.donors
         me = participants.index(self.m.slot)
+
+        def no_skeleton() -> None:
+            # Said at once: every participant guesses alike (from the previous plan), but
+            # a member of a generation that never formed holds no state although the
+            # guess counts it as a source; a newcomer told nothing waited for its
+            # skeleton until the regroup timed out (two minutes; two workers killed in
+            # one step, the second seen after the first recovery was planned).
+            self.m.store.set(P.no_skeleton_key(plan.gen, me), "1")
+
         guess = [1 if s in previous else 0 for s in participants]
         try:
             staying, assign = _assignment(plan, guess)
         except CollectiveError:
+            no_skeleton()
             return None
         if me in assign and not has_state:
+            no_skeleton()
             return lambda: self._lay_out_ahead(plan.gen, assign[me])
         if not has_state or self.incomplete or me not in staying \
                 or me not in assign.values():
+            no_skeleton()
             return None
         spec = _Prepared(plan.gen)
 
@@ -263,6 +275,8 @@ class StateTransfer:
                 # source, no receiver is told to read it.
                 self.m.store.set(P.skeleton_key(plan.gen, me),
                                  spec.skeleton)  # type: ignore[arg-type]
+            else:
+                no_skeleton()
             self._spec = spec
 
         return build
@@ -271,11 +285,12 @@ class StateTransfer:
         """A likely receiver, while its groups form: wait (a bounded time, watching the
         generation) for the likely sender's skeleton and lay out where each tensor will
         land (:meth:`_layout`), so that after the vote it only posts the receives."""
-        key = P.skeleton_key(gen, src)
+        key, none = P.skeleton_key(gen, src), P.no_skeleton_key(gen, src)
         since = time.monotonic()
         while not self.m.store.check([key]):
-            if self.m.latest_gen() > gen or time.monotonic() - since > self.m.regroup_timeout_s:
-                return
+            if self.m.store.check([none]) or self.m.latest_gen() > gen \
+                    or time.monotonic() - since > self.m.regroup_timeout_s:
+                return  # laid out after the vote instead
             self.m.beat(since)
             time.sleep(self.m.poll_interval_s)
         skel = pickle.loads(self.m.store.get(key))  # noqa: S301 - our own skeleton, our store
