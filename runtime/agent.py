@@ -286,9 +286,8 @@ class Agent:
         for p in list(self.pool.procs.values()):
             if p.poll() is None:
                 p.kill()
-        zygote = getattr(self.pool.zygote, "_proc", None)
-        if zygote is not None and zygote.poll() is None:
-            zygote.kill()
+        if self.pool.zygote is not None:
+            self.pool.zygote.kill()
 
     def _serve_requests(self) -> None:
         # Popped until empty, never counted first: torch's ``queue_len`` keeps the GIL while

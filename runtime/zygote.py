@@ -321,6 +321,12 @@ class Zygote:
             self._procs[pid] = proc
             return proc
 
+    def kill(self) -> None:
+        """SIGKILL the zygote now, without waiting (a watchdog's way: no blocking call);
+        nothing if it has ended. Its forked children are not its to end then."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+
     def close(self) -> None:
         """Stop the zygote (it kills any child still running)."""
         with contextlib.suppress(Exception):
@@ -337,6 +343,7 @@ class Zygote:
 
 _keep: tuple[str, ...] | None = None  # None: off; else the variables a key ignores
 _kept: dict[tuple[str, frozenset[tuple[str, str]]], Zygote] = {}
+_kept_lock = threading.Lock()  # two jobs launched at once from two threads: one zygote
 #: The most zygotes kept at once (one per interpreter and environment; the oldest goes).
 KEPT_MAX = 4
 
@@ -362,15 +369,16 @@ def kept_zygote(python: str, env: dict[str, str], log: IO[bytes]) -> Zygote | No
     if _keep is None:
         return None
     key = (python, frozenset((k, v) for k, v in env.items() if k not in _keep))
-    z = _kept.get(key)
-    if z is not None and z.alive:
+    with _kept_lock:
+        z = _kept.get(key)
+        if z is not None and z.alive:
+            return z
+        _kept.pop(key, None)
+        while len(_kept) >= KEPT_MAX:
+            _kept.pop(next(iter(_kept))).close()
+        z = Zygote(python, env, log)
+        _kept[key] = z
         return z
-    _kept.pop(key, None)
-    while len(_kept) >= KEPT_MAX:
-        _kept.pop(next(iter(_kept))).close()
-    z = Zygote(python, env, log)
-    _kept[key] = z
-    return z
 
 
 # A zygote forked from the process that runs the job (see the module docstring).

@@ -259,10 +259,15 @@ def test_one_spare_serves_moves_in_a_row_through_forked_replacements(
     result, recs, out = _run(tmp_path, "z", faults=faults, spares=1, ckpt=0, workers=2,
                              steps=40, sleep=0.15)
     assert result.exit_code == 0, result
-    assert _failures(recs) == [("preemptive", "ecc_rising", "live_migrated", 0),
-                               ("planned", "maintenance", "live_migrated", 0),
-                               ("unplanned", "process_killed", "live_migrated", 0),
-                               ("planned", "maintenance", "live_migrated", 0)]
+    # In any order: the drain asked for at step 9 waits for the one spare, and on a loaded
+    # machine (a suite with four workers, load 8-10) the spare forked after the first move
+    # was ready only after the kill at step 15 had taken it -- the drain then ran at step
+    # 17, recorded so ("injected at step 9"). Each event is still live, with 0 lost.
+    assert sorted(_failures(recs)) == sorted([
+        ("preemptive", "ecc_rising", "live_migrated", 0),
+        ("planned", "maintenance", "live_migrated", 0),
+        ("unplanned", "process_killed", "live_migrated", 0),
+        ("planned", "maintenance", "live_migrated", 0)])
     _assert_identical(ref, out, steps=40)
     logs = sorted((tmp_path / "runs" / "z" / "logs").glob("w*.log"))
     forked = [p.stem for p in logs if "forked by the spare zygote" in p.read_text()]
