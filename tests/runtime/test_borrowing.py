@@ -204,9 +204,12 @@ def test_a_high_priority_job_borrows_a_host_and_the_lender_goes_on_narrower(
                       steps=HI_STEPS, sleep=0.2)
     logs = lambda: _logs(tmp_path)  # noqa: E731
     try:
+        # The lender trains before the borrower starts: waiting for lo after starting hi,
+        # a loaded machine once let hi run to its last step (16 at 0.2 s) before the kill
+        # below, which then lost nothing to recover and borrowed nothing.
         lo.start()
-        hi.start()
         lo.progress_at(1, logs)
+        hi.start()
         hi.progress_at(4, logs)
         os.killpg(hi.procs[1].pid, signal.SIGKILL)  # hi1 loses power; hi has no spare
         assert hi.wait(0, logs) == 0, logs()
