@@ -1461,6 +1461,14 @@ class Supervisor:
         # any other exit status but 0 (e.g. the script failing after its loop) is an error.
         bad = [s for s in self.members if s not in self.gone
                and self.pool.procs[s].returncode not in (0, None)]
+        if bad:
+            # Every step is committed and recorded (job_finished); what failed is the
+            # process after its loop (the script's own work: saving its output), or a
+            # kill that came then. Said, so that the exit status is not read as lost steps.
+            log.error("job %s committed every step (%d), but %s: exit 1 (what the script "
+                      "does after its loop may not be done)", self.job_id, step,
+                      ", ".join(f"{s} exited {self.pool.procs[s].returncode} after the end"
+                                for s in bad))
         return self._result(0 if not bad else 1)
 
     def _close_at_the_end(self, step: int) -> None:

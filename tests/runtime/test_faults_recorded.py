@@ -118,6 +118,24 @@ def test_merged_deaths_are_one_failure_naming_every_worker(tmp_path: Path) -> No
     assert not (tmp_path / "runs" / "two" / "outbox" / "drafts.json").exists()
 
 
+def test_a_script_failing_after_its_loop_exits_1_and_says_every_step_is_committed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Every rank's save after the loop fails (its folder does not exist): the job's steps
+    # are all committed and recorded as finished, no failure is recorded (none happened
+    # to the training), and the exit status 1 comes with the line that says why.
+    cfg = _config(tmp_path, "after", steps=6, sleep=0.0, checkpoint_every=0)
+    cfg.args[cfg.args.index("--out") + 1] = str(tmp_path / "no-such-folder" / "out.pt")
+    sink = JsonlFileSink(tmp_path / "after.records.jsonl")
+    with caplog.at_level(logging.ERROR, logger="yoco.runtime.supervisor"):
+        result = launch(cfg, sink)
+    assert result.exit_code == 1, result
+    recs = sink.read_all()
+    assert not [r for r in recs if r["kind"] in ("failure", "outcome")], recs
+    assert recs[-1]["kind"] == "job_finished" and recs[-1]["step"] == 6
+    assert "job after committed every step (6), but w0 exited 1 after the end" \
+        in caplog.text, caplog.text
+
+
 def test_a_death_after_the_recovery_was_ready_is_a_failure_of_its_own(tmp_path: Path
                                                                      ) -> None:
     """w1 killed at step 5; the new generation forms and trains on; w0 killed at step 8,
