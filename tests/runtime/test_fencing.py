@@ -200,12 +200,18 @@ def test_a_commit_report_of_a_fenced_process_exits_5_and_writes_nothing(tmp_path
     assert not master.check(["after-the-report"])
 
 
-def test_a_commit_report_that_failed_raises_on_the_training_thread() -> None:
+def _master_and_member(step: int) -> tuple[Any, Membership]:
+    """A store and, in this process, worker w0's membership of it (at ``step``)."""
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=60))
     m = Membership(slot="w0", store_addr=("127.0.0.1", master.port), use_nccl=False,
                    poll_interval_s=0.01, regroup_timeout_s=60, collective_timeout_s=60,
-                   current_step=lambda: 0)
+                   current_step=lambda: step)
+    return master, m
+
+
+def test_a_commit_report_that_failed_raises_on_the_training_thread() -> None:
+    master, m = _master_and_member(0)
 
     def full_disk() -> None:
         raise OSError(28, "No space left on device")
@@ -225,11 +231,7 @@ def test_the_committed_step_is_in_the_store_before_its_report_is_written() -> No
     # already in the store, from the training thread, so a rollback counts that step among
     # the lost ones (the demo's "every worker killed at step 36" was once recorded with 5
     # lost steps instead of 6 this way).
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=60))
-    m = Membership(slot="w0", store_addr=("127.0.0.1", master.port), use_nccl=False,
-                   poll_interval_s=0.01, regroup_timeout_s=60, collective_timeout_s=60,
-                   current_step=lambda: 7)
+    master, m = _master_and_member(7)
     m.gen = 3
     held = threading.Event()
     checked = m.exit_if_fenced
