@@ -29,27 +29,29 @@ reads.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
 import pickle
 import shutil
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    Metadata,
-    TensorStorageMetadata,
-)
-from torch.distributed.tensor import DTensor
 
 from runtime.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+# DCP and DTensor are imported where they are used, not here: the supervisor and the
+# resume path import this module for its folder helpers, and the two imports take about
+# half a second of CPU per process (sympy, torch.fx) that only HSDP jobs need
+# (docs/benchmarks-runtime.md, "Figures behind the code").
 
 #: Name prefix of a whole (renamed) sharded checkpoint folder.
 PREFIX = "dcp-step-"
@@ -79,8 +81,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _is_dtensor(t: object) -> bool:
+    """True if ``t`` is a DTensor; without importing DTensor when nothing has (then no
+    tensor can be one)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
 def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` as a DTensor sharded like ``param`` (no communication)."""
+    from torch.distributed.tensor import DTensor
+
     assert isinstance(param, DTensor)
     return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
                               shape=param.shape, stride=param.stride())
@@ -118,7 +129,7 @@ def sharded_snapshot(state: dict[str, Any], model: torch.nn.Module,
     out: dict[str, Any] = {}
     for fqn, local in state["model"].items():
         copy = local.detach().to("cpu", copy=True)
-        if isinstance(live[fqn], DTensor):
+        if _is_dtensor(live[fqn]):
             out[_MODEL + fqn] = _like(live[fqn], copy)
         elif shard == 0:
             out[_MODEL + fqn] = copy
@@ -133,7 +144,7 @@ def sharded_snapshot(state: dict[str, Any], model: torch.nn.Module,
                 scalars.setdefault(int(idx), {})[name] = value
                 continue
             copy = value.detach().to("cpu", copy=True)
-            if isinstance(p, DTensor) and copy.dim() > 0:
+            if _is_dtensor(p) and copy.dim() > 0:
                 out[key] = _like(p, copy)
             elif shard == 0:
                 out[key] = copy
@@ -146,30 +157,42 @@ def sharded_snapshot(state: dict[str, Any], model: torch.nn.Module,
     return out
 
 
-class _ShardWriter(dcp.FileSystemWriter):
-    """DCP's file writer as rank ``shard`` without collectives (its own data file and
-    metadata, ``__K_*``); ``torn()`` runs after the data is written, before the metadata
-    (a fault injected there leaves a torn checkpoint)."""
+@functools.cache
+def _shard_writer() -> type:
+    """The class of DCP's file writer as rank ``shard`` without collectives (made on first
+    use: it subclasses DCP's writer)."""
+    import torch.distributed.checkpoint as dcp
 
-    def __init__(self, path: Path, shard: int, torn: Callable[[], None] | None) -> None:
-        super().__init__(path, sync_files=True, overwrite=True)
-        self._shard = shard
-        self._torn = torn
+    class _ShardWriter(dcp.FileSystemWriter):
+        """DCP's file writer as rank ``shard`` without collectives (its own data file and
+        metadata, ``__K_*``); ``torn()`` runs after the data is written, before the
+        metadata (a fault injected there leaves a torn checkpoint)."""
 
-    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Rank = this shard, no collectives (see the module docstring)."""
-        super().set_up_storage_writer(is_coordinator, rank=self._shard, use_collectives=False)
+        def __init__(self, path: Path, shard: int, torn: Callable[[], None] | None) -> None:
+            super().__init__(path, sync_files=True, overwrite=True)
+            self._shard = shard
+            self._torn = torn
 
-    def finish(self, metadata: Metadata, results: Any) -> None:
-        """Write this shard's metadata (after the fault hook)."""
-        if self._torn is not None:
-            self._torn()
-        super().finish(metadata, results)
+        def set_up_storage_writer(self, is_coordinator: bool, *args: Any,
+                                  **kwargs: Any) -> None:
+            """Rank = this shard, no collectives (see the module docstring)."""
+            super().set_up_storage_writer(is_coordinator, rank=self._shard,
+                                          use_collectives=False)
+
+        def finish(self, metadata: Metadata, results: Any) -> None:
+            """Write this shard's metadata (after the fault hook)."""
+            if self._torn is not None:
+                self._torn()
+            super().finish(metadata, results)
+
+    return _ShardWriter
 
 
 def _merge(parts: list[Metadata], where: Path) -> Metadata:
     """One global metadata from the shards' own: each tensor's chunks, which must cover it
     exactly once; each entry written by one shard only."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
     entries: dict[str, Any] = {}
     storage: dict[Any, Any] = {}
     planner: dict[str, Any] = {}
@@ -209,13 +232,16 @@ def write_sharded_checkpoint(snapshot: dict[str, Any], directory: Path, step: in
     :func:`checkpoint_name`), prunes all but the ``keep`` newest whole checkpoints and
     the temporary folders they supersede, and returns the final path; the others
     return None. CheckpointError when the write fails (the checkpoint stays partial)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / _tmp_name(step, attempt)
     try:
         tmp.mkdir(exist_ok=True)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single
             warnings.simplefilter("ignore")  # process": yes, this shard's part
-            dcp.save(snapshot, storage_writer=_ShardWriter(tmp, shard, torn),
+            dcp.save(snapshot, storage_writer=_shard_writer()(tmp, shard, torn),
                      no_dist=True, use_collectives=False)
         _fsync_dir(tmp)
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
@@ -233,6 +259,8 @@ def write_sharded_checkpoint(snapshot: dict[str, Any], directory: Path, step: in
 
 
 def _finalize(tmp: Path, directory: Path, step: int, shards: int, keep: int) -> Path:
+    import torch.distributed.checkpoint as dcp
+
     try:
         # DCP's own reader of a rank's metadata (``__K.metadata``)
         parts = [dcp.FileSystemReader(tmp).read_metadata(rank=k) for k in range(shards)]
@@ -312,6 +340,11 @@ def read_sharded_checkpoint(path: Path, model: torch.nn.Module,
     :meth:`runtime.Job.state_dict` (local tensors), for ``Job.load_state_dict``.
     CheckpointError if the folder is not a whole checkpoint or does not fit the model
     (a missing or extra parameter, another shape)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+    from torch.distributed.tensor import DTensor
+
     reader = dcp.FileSystemReader(path)
     try:
         md = reader.read_metadata()
