@@ -93,3 +93,20 @@ def test_naming_a_group_twice_keeps_one_suffix(nodeid: str) -> None:
     _name_group(item, "g")  # type: ignore[arg-type]
     _name_group(item, "g")  # type: ignore[arg-type]
     assert item.nodeid == f"{nodeid}@g"
+
+
+def test_a_crashed_runs_server_folder_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    # The suite's PostgreSQL lives in memory (/dev/shm) where there is room: a worker
+    # killed before its clean-up must not leave its data folder there for good.
+    from tests.conftest import _PG_PREFIX, _remove_stale_servers
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{_PG_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{_PG_PREFIX}{os.getpid()}-def"
+    for base in (stale, live):
+        (base / "pgdata").mkdir(parents=True)
+        (base / "pgdata" / "PG_VERSION").write_text("18\n")
+    _remove_stale_servers(str(tmp_path))
+    assert not stale.exists()
+    assert (live / "pgdata" / "PG_VERSION").exists()
