@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,22 @@ def _free_port() -> int:
 def _torchrun(script: str, out: Path, nproc: int = 2, extra: tuple[str, ...] = ()) -> Path:
     """Rank 0's final state after ``script`` ran failure-free under plain torchrun."""
     env = {**os.environ, **ENV}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
-         "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
+    for attempt in (1, 2):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script,
+             "--out", str(out), *extra], env=env, capture_output=True, text=True,
+            timeout=600)
+        # The peer itself can abort as its interpreter ends on a loaded machine: a rank's
+        # "terminate called without an active exception" (SIGABRT) after its loop, seen
+        # once with four xdist workers (runtime/exitguard.py guards the runtime's own
+        # workers against its kin; plain torchrun has no such guard). Its run is made
+        # again once, and said so; any other failure, or a second one, fails the test.
+        if proc.returncode == 0 or attempt == 2 \
+                or "terminate called without an active exception" not in proc.stderr:
+            break
+        warnings.warn(f"plain torchrun of {script} aborted at a rank's exit; run again",
+                      stacklevel=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
