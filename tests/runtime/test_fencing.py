@@ -174,6 +174,10 @@ def _reporting_child(port: int, local_file: str) -> None:
     m.report_commit(lambda: write_local(7), P.KEY_PROGRESS, '{"step": 7}')
     m.flush_report()  # written: not fenced yet
     m.store.set(P.fenced_key("w0"), '{"gen": 3, "cause": "hang", "detail": "host1 silent"}')
+    # A store's set is one-way: read it back, so that the server holds it before the
+    # report's thread asks on a connection of its own (the two are not ordered otherwise:
+    # the report of step 8 was written once).
+    m.store.get(P.fenced_key("w0"))
     # The coordinator fenced it meanwhile: the next report's thread exits the process
     # before writing anything; the training thread, still running, must write nothing
     # after the report either (its next mark waits for the report first).
