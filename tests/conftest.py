@@ -165,8 +165,7 @@ def _memory_folder() -> str | None:
         if not os.access(shm, os.W_OK | os.X_OK) or not shm.is_dir():
             return None
         mounts = Path("/proc/self/mounts").read_text().splitlines()
-        if not any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts
-                   if len(line.split()) >= 3):
+        if not any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts):
             return None
         vfs = os.statvfs(shm)
     except OSError:
@@ -178,9 +177,11 @@ def _remove_stale_servers(folder: str) -> None:
     """Remove the data folders that crashed runs (a test process killed before its clean-up)
     left in ``folder``: a folder is named after the process that made it, and one whose
     process is gone has its server stopped (if it still runs) and is deleted."""
+    from tests.runtime.netns import pid_alive
+
     for base in Path(folder).glob(f"{_PG_PREFIX}*-*"):
         owner = base.name[len(_PG_PREFIX):].split("-", 1)[0]
-        if not owner.isdigit() or _alive(int(owner)):
+        if not owner.isdigit() or pid_alive(int(owner)):
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             postmaster = int((base / "pgdata" / "postmaster.pid").read_text().split()[0])
@@ -188,16 +189,6 @@ def _remove_stale_servers(folder: str) -> None:
             if str(base).encode() in cmdline:
                 os.kill(postmaster, signal.SIGQUIT)  # immediate shutdown: its data goes
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _throwaway_durability(url: str) -> None:
